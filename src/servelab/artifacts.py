@@ -1,0 +1,269 @@
+"""Artifact schemas, atomic writers and validating readers (DESIGN.md "Artifacts and schemas").
+
+Everything that writes or reads a run goes through this module, so the schemas live in one place.
+Every writer puts its bytes under a temporary name in the destination folder and renames it into
+place: a killed process never leaves a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "REQUESTS_SCHEMA",
+    "RUN_JSON_REQUIRED",
+    "RUN_STATUSES",
+    "REQUEST_STATUSES",
+    "TELEMETRY_METRICS",
+    "TELEMETRY_SCHEMA",
+    "TRACE_MANIFEST_REQUIRED",
+    "TRACE_SCHEMA",
+    "ArtifactError",
+    "atomic_path",
+    "file_sha256",
+    "read_json",
+    "read_parquet",
+    "read_run_json",
+    "read_trace_manifest",
+    "write_json",
+    "write_parquet",
+    "write_text",
+]
+
+
+class ArtifactError(ValueError):
+    """An artifact is missing, unreadable or does not match its schema. The message names the file."""
+
+
+TRACE_SCHEMA = pa.schema(
+    [
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("graph_id", pa.int32(), nullable=False),
+        pa.field("role", pa.string(), nullable=False),
+        pa.field("arrival_s", pa.float64(), nullable=False),
+        pa.field("depends_on", pa.list_(pa.string()), nullable=False),
+        pa.field("tool_delay_s", pa.float64(), nullable=False),
+        pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("prompt_text", pa.string(), nullable=False),
+        pa.field("prefix_tokens", pa.int32(), nullable=False),
+        pa.field("max_tokens", pa.int32(), nullable=False),
+    ]
+)
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("graph_id", pa.int32(), nullable=False),
+        pa.field("role", pa.string(), nullable=False),
+        pa.field("warmup", pa.bool_(), nullable=False),
+        pa.field("scheduled_s", pa.float64(), nullable=False),
+        pa.field("sent_s", pa.float64()),
+        pa.field("chunk_times_s", pa.list_(pa.float64()), nullable=False),
+        pa.field("chunk_tokens", pa.list_(pa.int32()), nullable=False),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("output_tokens", pa.int32()),
+        pa.field("max_tokens", pa.int32(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("error", pa.string()),
+    ]
+)
+
+TELEMETRY_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("t_s", pa.float64(), nullable=False),
+        pa.field("metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
+        pa.field("source_metric", pa.string(), nullable=False),
+    ]
+)
+
+TELEMETRY_METRICS = (
+    "kv_cache_usage",
+    "requests_running",
+    "requests_waiting",
+    "preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "prefix_cache_hit_rate",
+)
+REQUEST_STATUSES = ("ok", "error", "timeout")
+RUN_STATUSES = ("ok", "failed", "interrupted")
+ROLES = ("planner", "worker", "aggregator")
+
+TRACE_MANIFEST_REQUIRED = (
+    "condition",
+    "rep",
+    "seed",
+    "rate",
+    "sharing",
+    "prompt_tokens",
+    "duration_s",
+    "tokenizer",
+    "prefix_text",
+    "prefix_sha256",
+    "achieved_sharing",
+    "n_graphs",
+    "n_requests",
+    "checks",
+)
+
+RUN_JSON_REQUIRED = (
+    "run_id",
+    "arm",
+    "engine",
+    "condition",
+    "rep",
+    "seed",
+    "trace_sha256",
+    "backend",
+    "deployment_id",
+    "resolved_config",
+    "start_unix_s",
+    "end_unix_s",
+    "offered_load_rps",
+    "n_sent",
+    "n_ok",
+    "n_failed",
+    "success_fraction",
+    "status",
+    "attempt",
+    "node",
+    "dispatcher_lag_s",
+    "servelab_version",
+    "git_commit",
+)
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside `final`; on success fsync and rename it into place.
+
+    On any exception the temporary file is removed and `final` is left untouched.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with tmp.open("rb+") as fh:
+            os.fsync(fh.fileno())
+        tmp.replace(final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write JSON deterministically (sorted keys, fixed indent, trailing newline)."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def write_parquet(
+    path: str | os.PathLike[str], table: pa.Table, schema: pa.Schema | None = None
+) -> None:
+    """Write a table atomically, cast to `schema` first when given.
+
+    Written without pandas metadata and with fixed options, so equal tables give equal bytes.
+    """
+    if schema is not None:
+        table = conform(table, schema, what=str(path))
+    table = table.replace_schema_metadata(None)
+    with atomic_path(path) as tmp:
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            use_dictionary=True,
+            write_statistics=False,
+            store_schema=False,
+        )
+
+
+def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    """Select and cast `table`'s columns to `schema`, naming `what` in any error."""
+    missing = [f.name for f in schema if f.name not in table.column_names]
+    if missing:
+        raise ArtifactError(f"{what}: missing column(s) {', '.join(missing)}")
+    try:
+        table = table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise ArtifactError(f"{what}: does not match its schema: {exc}") from exc
+    for field in schema:
+        if not field.nullable and table.column(field.name).null_count:
+            raise ArtifactError(f"{what}: column {field.name!r} has null values")
+    return table
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def read_parquet(path: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
+    """Read a Parquet artifact and check it against `schema`; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ArtifactError(f"{path}: not a readable Parquet file ({exc})") from exc
+    return conform(table, schema, what=str(path))
+
+
+def read_json(path: str | os.PathLike[str], required: Sequence[str] = ()) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no such file")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(obj, Mapping):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ArtifactError(f"{path}: missing field(s) {', '.join(missing)}")
+    return dict(obj)
+
+
+def read_run_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    run = read_json(path, RUN_JSON_REQUIRED)
+    if run["status"] not in RUN_STATUSES:
+        raise ArtifactError(f"{path}: status {run['status']!r} is not one of {RUN_STATUSES}")
+    resolved = run["resolved_config"]
+    if not isinstance(resolved, Mapping) or not {"chunked_prefill", "chunk_size"} <= set(resolved):
+        raise ArtifactError(f"{path}: resolved_config needs chunked_prefill and chunk_size")
+    return run
+
+
+def read_trace_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    return read_json(path, TRACE_MANIFEST_REQUIRED)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

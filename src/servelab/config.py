@@ -1,0 +1,239 @@
+"""Configuration: validation (schema + cross-references) and expansion of the experiment grid.
+
+`validate_config` is called by the Snakefile at parse time and by every CLI entry point, so an
+invalid value stops everything before any job runs, with an error naming the offending key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+__all__ = [
+    "ARMS",
+    "ENGINES",
+    "Condition",
+    "ConfigError",
+    "Deployment",
+    "Run",
+    "condition_id",
+    "conditions",
+    "deployments",
+    "load_config",
+    "runs",
+    "trace_seed",
+    "validate_config",
+]
+
+ENGINES = ("vllm", "sglang")
+ARMS = ("defaults", "matched")
+SWEEP_PARAMETER = {"rate": "rate", "sharing": "sharing", "length": "prompt_tokens"}
+
+
+class ConfigError(ValueError):
+    """Invalid configuration. The message names the key (as a path such as `conditions[2].rate`)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    id: str
+    sweep: str
+    rate: float
+    sharing: float
+    prompt_tokens: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One engine brought up with one set of flags: deployed once per campaign."""
+
+    arm: str
+    engine: str
+    flags: tuple[str, ...]
+    expect_chunked_prefill: bool
+    expect_chunk_size: int | None
+
+    @property
+    def id(self) -> str:
+        digest = hashlib.sha256("\0".join(self.flags).encode()).hexdigest()[:8]
+        return f"{self.arm}-{self.engine}-{digest}"
+
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    engine: str
+    condition: str
+    rep: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.arm}/{self.engine}/{self.condition}/{self.rep}"
+
+
+def condition_id(sweep: str, value: float | int) -> str:
+    """`rate-0.05`, `sharing-0.90`, `length-8192`: two decimals for rates and sharing ratios."""
+    if sweep == "length":
+        return f"length-{int(value)}"
+    return f"{sweep}-{float(value):.2f}"
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    text = resources.files("servelab").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+def _key_path(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def validate_config(config: Mapping[str, Any]) -> None:
+    """Raise ConfigError naming every bad key (schema, then cross-references)."""
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = []
+        for err in errors:
+            key = _key_path(err.absolute_path)
+            if err.validator == "additionalProperties" and err.validator_value is False:
+                extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+                lines.append(f"config key {key}: unknown key(s) {', '.join(map(repr, extra))}")
+            elif err.validator == "required":
+                lines.append(f"config key {key}: {err.message}")
+            else:
+                lines.append(f"config key {key}: {err.message}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines))
+    _check_references(config)
+
+
+def _check_references(config: Mapping[str, Any]) -> None:
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for i, cond in enumerate(config["conditions"]):
+        cid = condition_id(cond["sweep"], cond[SWEEP_PARAMETER[cond["sweep"]]])
+        if cid in seen:
+            problems.append(f"config key conditions[{i}]: duplicates condition {cid} (conditions[{seen[cid]}])")
+        seen[cid] = i
+        sharing, length = cond["sharing"], cond["prompt_tokens"]
+        if length - round(sharing * length) < 1:
+            problems.append(f"config key conditions[{i}].sharing: leaves no unique suffix at L={length}")
+    for arm, spec in config["arms"].items():
+        listed = spec["conditions"]
+        if listed != "all":
+            for j, cid in enumerate(listed):
+                if cid not in seen:
+                    problems.append(f"config key arms.{arm}.conditions[{j}]: unknown condition {cid!r}")
+        for engine, espec in spec["engines"].items():
+            if engine not in config["engines"]:
+                problems.append(f"config key arms.{arm}.engines.{engine}: engine not defined under engines")
+            for key in ("flags_by_condition", "skip_conditions"):
+                for cid in espec.get(key, []):
+                    if cid not in seen:
+                        problems.append(f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}")
+    td = config["workload"]["tool_delay"]
+    if td["min_s"] >= td["max_s"]:
+        problems.append("config key workload.tool_delay.min_s: must be below max_s")
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Read a YAML config, apply top-level overrides, validate, return it."""
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read configuration ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    config.update(overrides or {})
+    validate_config(config)
+    return config
+
+
+# --------------------------------------------------------------------------- grid expansion
+
+
+def conditions(config: Mapping[str, Any]) -> dict[str, Condition]:
+    out: dict[str, Condition] = {}
+    for cond in config["conditions"]:
+        cid = condition_id(cond["sweep"], cond[SWEEP_PARAMETER[cond["sweep"]]])
+        out[cid] = Condition(
+            id=cid,
+            sweep=cond["sweep"],
+            rate=float(cond["rate"]),
+            sharing=float(cond["sharing"]),
+            prompt_tokens=int(cond["prompt_tokens"]),
+            duration_s=float(cond["duration_s"]),
+        )
+    return out
+
+
+def reps(config: Mapping[str, Any]) -> list[str]:
+    return [f"rep{k}" for k in range(1, int(config["repetitions"]) + 1)]
+
+
+def arm_conditions(config: Mapping[str, Any], arm: str, engine: str) -> list[str]:
+    spec = config["arms"][arm]
+    listed = list(conditions(config)) if spec["conditions"] == "all" else list(spec["conditions"])
+    skip = set(spec["engines"][engine].get("skip_conditions", []))
+    return [c for c in listed if c not in skip]
+
+
+def deployment_for(config: Mapping[str, Any], arm: str, engine: str, condition: str) -> Deployment:
+    espec = config["arms"][arm]["engines"][engine]
+    flags = (
+        *config["engines"][engine]["flags"],
+        *espec["flags"],
+        *espec.get("flags_by_condition", {}).get(condition, []),
+    )
+    return Deployment(
+        arm=arm,
+        engine=engine,
+        flags=tuple(flags),
+        expect_chunked_prefill=bool(espec["expect"]["chunked_prefill"]),
+        expect_chunk_size=espec["expect"].get("chunk_size"),
+    )
+
+
+def runs(config: Mapping[str, Any]) -> list[Run]:
+    """Every run of the grid, ordered by deployment so each deployment comes up once."""
+    out: list[Run] = []
+    for arm in config["arms"]:
+        for engine in config["arms"][arm]["engines"]:
+            for cid in arm_conditions(config, arm, engine):
+                out.extend(Run(arm, engine, cid, rep) for rep in reps(config))
+    order = {d: i for i, d in enumerate(dict.fromkeys(deployments(config, out)))}
+    return sorted(out, key=lambda r: order[deployment_for(config, r.arm, r.engine, r.condition).id])
+
+
+def deployments(config: Mapping[str, Any], run_list: list[Run] | None = None) -> list[str]:
+    """Deployment ids in first-use order."""
+    if run_list is None:
+        run_list = runs(config)
+    ids = [deployment_for(config, r.arm, r.engine, r.condition).id for r in run_list]
+    return list(dict.fromkeys(ids))
+
+
+def trace_seed(campaign_seed: int, condition: str, rep: str) -> int:
+    """A 63-bit seed from (campaign_seed, condition, rep) only: never engine or arm."""
+    digest = hashlib.sha256(f"servelab-trace\0{campaign_seed}\0{condition}\0{rep}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def offered_load(condition: Condition, workers_per_graph: int) -> float:
+    """Λ: requests per second offered (planner + workers + aggregator per graph)."""
+    return condition.rate * (workers_per_graph + 2)

@@ -1,0 +1,1 @@
+"""servelab.engines"""
