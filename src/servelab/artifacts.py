@@ -23,6 +23,7 @@ __all__ = [
     "REQUESTS_SCHEMA",
     "RUN_JSON_REQUIRED",
     "RUN_STATUSES",
+    "SCRAPE_SCHEMA",
     "REQUEST_STATUSES",
     "TELEMETRY_METRICS",
     "TELEMETRY_SCHEMA",
@@ -86,6 +87,17 @@ TELEMETRY_SCHEMA = pa.schema(
         pa.field("metric", pa.string(), nullable=False),
         pa.field("value", pa.float64(), nullable=False),
         pa.field("source_metric", pa.string(), nullable=False),
+    ]
+)
+
+# Raw engine-metric samples for one run's window, under the engine's own metric names: what the
+# backend's metrics store holds (the simulator's sampler, or Prometheus for the live backends).
+SCRAPE_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("t_s", pa.float64(), nullable=False),
+        pa.field("source_metric", pa.string(), nullable=False),
+        pa.field("value", pa.float64(), nullable=False),
     ]
 )
 

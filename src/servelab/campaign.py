@@ -1,0 +1,414 @@
+"""Campaign semantics (DESIGN.md §5.4): deploy and gate, run with retries, discard on reclamation.
+
+The Snakemake rules call these functions once per deployment and once per run. What differs
+between backends is behind `servelab.deploy.Backend`; everything here is shared.
+
+A run passes when its record is complete and at least `success_threshold` of its requests
+succeeded. A failing run is retried up to `retries` times; each failed attempt's artifacts are kept
+under `<run>/attempts/attempt-N/`. A run that still fails is recorded (status `failed`) and the
+campaign goes on. When the node under a run is reclaimed, every repetition of that
+(arm, engine, condition) is moved under `results/discarded/` with a reason file and repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab.artifacts import (
+    SCRAPE_SCHEMA,
+    read_json,
+    read_parquet,
+    read_run_json,
+    write_json,
+    write_text,
+)
+from servelab.deploy import RunRequest, get_backend
+from servelab.engines import check_resolved, parse_startup_log
+from servelab.telemetry import canonicalize
+
+__all__ = ["deploy", "execute_run", "render_manifests"]
+
+log = logging.getLogger(__name__)
+
+RUN_FILES = ("requests.parquet", "scrape.parquet", "run.json")
+MAX_RECLAMATIONS = 3
+
+
+def render_manifests(
+    *,
+    deployment: Mapping[str, Any],
+    namespace: str,
+    kubernetes: Mapping[str, Any],
+    manifest_path: str,
+) -> None:
+    """Render the deployment's Kubernetes objects (for every backend: shows what would be deployed)."""
+    from servelab.deploy.manifests import render_deployment
+
+    rendered = render_deployment(
+        deployment_id=deployment["deployment_id"],
+        engine=deployment["engine"],
+        image=deployment["image"],
+        port=deployment["port"],
+        flags=list(deployment["flags"]),
+        namespace=namespace,
+        k8s_settings=kubernetes,
+    )
+    documents = [rendered[name].strip() + "\n" for name in sorted(rendered)]
+    write_text(manifest_path, "---\n".join(documents))
+
+
+def deploy(
+    *,
+    deployment: Mapping[str, Any],
+    backend: str,
+    gpu: Mapping[str, Any],
+    model: Mapping[str, Any],
+    kubernetes: Mapping[str, Any],
+    manifest_path: str,
+    startup_log_path: str,
+    resolved_path: str,
+) -> dict[str, Any]:
+    """Bring the engine up, parse its start-up log and refuse a configuration the arm does not expect.
+
+    The start-up log is kept whatever the outcome; `resolved.json` is written only when the gate
+    passes, so no run of a refused deployment is measured.
+    """
+    impl = get_backend(backend, gpu=gpu, model=model, kubernetes=kubernetes)
+    impl.deploy(deployment, manifest_path=manifest_path, startup_log_path=startup_log_path)
+    text = Path(startup_log_path).read_text(encoding="utf-8", errors="replace")
+    parsed = parse_startup_log(text, engine=deployment["engine"])
+    check_resolved(
+        parsed,
+        expect_chunked_prefill=deployment["expect_chunked_prefill"],
+        expect_chunk_size=deployment["expect_chunk_size"],
+    )
+    resolved = json.loads(parsed.to_json())
+    resolved.update(deployment_id=deployment["deployment_id"], backend=backend)
+    write_json(resolved_path, resolved)
+    log.info(
+        "deployment %s confirmed: chunked_prefill=%s chunk_size=%s",
+        deployment["deployment_id"],
+        parsed.chunked_prefill,
+        parsed.chunk_size,
+    )
+    return resolved
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    results_dir: Path
+    arm: str
+    engine: str
+    condition: str
+    rep: str
+
+    @property
+    def run_dir(self) -> Path:
+        return self.results_dir / "runs" / self.arm / self.engine / self.condition / self.rep
+
+    def sibling(self, rep: str) -> RunPaths:
+        return RunPaths(self.results_dir, self.arm, self.engine, self.condition, rep)
+
+    @property
+    def discard_root(self) -> Path:
+        return self.results_dir / "discarded" / self.arm / self.engine / self.condition
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.arm}/{self.engine}/{self.condition}/{self.rep}"
+
+
+def execute_run(
+    *,
+    settings: Mapping[str, Any],
+    deployment: Mapping[str, Any],
+    results_dir: str,
+    trace_path: str,
+    manifest_path: str,
+    resolved_path: str,
+    requests_path: str,
+    scrape_path: str,
+    run_json_path: str,
+) -> dict[str, Any]:
+    """Measure one run; returns its final run record (written to `run_json_path`)."""
+    paths = RunPaths(
+        Path(results_dir), settings["arm"], settings["engine"], settings["condition"], settings["rep"]
+    )
+    expected_dir = Path(run_json_path).parent
+    if expected_dir.resolve() != paths.run_dir.resolve():
+        raise ValueError(f"run {paths.run_id}: outputs {expected_dir} are not under {paths.run_dir}")
+    resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
+    impl = get_backend(
+        settings["backend"],
+        gpu=settings["gpu"],
+        model=settings["model"],
+        kubernetes=settings.get("kubernetes", {}),
+    )
+    pause = float(settings["campaign"]["pause_between_runs_s"])
+    if pause > 0:
+        log.info("pausing %.0f s between runs", pause)
+        time.sleep(pause)
+
+    record = _run_with_retries(impl, settings, deployment, resolved, paths, trace_path, manifest_path)
+    if record.get("reclaimed"):
+        raise RuntimeError(f"run {paths.run_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up")
+    log.info(
+        "run %s: status %s after %d attempt(s), %d/%d requests ok",
+        paths.run_id,
+        record["status"],
+        record["attempt"],
+        record["n_ok"],
+        record["n_sent"],
+    )
+    del requests_path, scrape_path  # written in place by the backend, under the run directory
+    return record
+
+
+def _run_with_retries(
+    impl: Any,
+    settings: Mapping[str, Any],
+    deployment: Mapping[str, Any],
+    resolved: Mapping[str, Any],
+    paths: RunPaths,
+    trace_path: str,
+    manifest_path: str,
+) -> dict[str, Any]:
+    retries = int(settings["campaign"]["retries"])
+    reclamations = 0
+    attempt = _previous_attempts(paths) + 1
+    last_attempt = attempt + retries
+    record: dict[str, Any] = {}
+    while attempt <= last_attempt:
+        faults = _active_faults(settings.get("faults", []), paths, attempt)
+        record = _attempt(impl, settings, deployment, resolved, paths, trace_path, manifest_path, attempt, faults)
+        if record["status"] == "ok":
+            return record
+        if record["status"] == "interrupted" and _was_reclaimed(record):
+            reclamations += 1
+            reason = _reclamation_reason(record)
+            log.warning("run %s: %s; discarding every repetition of the condition", paths.run_id, reason)
+            repeated = _discard_condition(paths, reason, faults)
+            if reclamations >= MAX_RECLAMATIONS:
+                return {**record, "reclaimed": True}
+            # Repeat the repetitions that had completed, on the new node, before this one.
+            for sibling in repeated:
+                _rerun_sibling(impl, settings, deployment, resolved, sibling, trace_path, manifest_path)
+            attempt = 1
+            last_attempt = 1 + retries
+            continue
+        if attempt < last_attempt:
+            _keep_failed_attempt(paths, attempt)
+        attempt += 1
+    return record
+
+
+def _attempt(
+    impl: Any,
+    settings: Mapping[str, Any],
+    deployment: Mapping[str, Any],
+    resolved: Mapping[str, Any],
+    paths: RunPaths,
+    trace_path: str,
+    manifest_path: str,
+    attempt: int,
+    faults: list[dict[str, Any]],
+) -> dict[str, Any]:
+    run_dir = paths.run_dir
+    request = RunRequest(
+        arm=paths.arm,
+        engine=paths.engine,
+        condition=paths.condition,
+        rep=paths.rep,
+        deployment=dict(deployment),
+        resolved_config={
+            "chunked_prefill": resolved["chunked_prefill"],
+            "chunk_size": resolved["chunk_size"],
+            **{k: resolved[k] for k in ("prefix_caching", "context_len", "schedule_policy", "version") if k in resolved},
+        },
+        trace_path=trace_path,
+        manifest_path=manifest_path,
+        offered_load_rps=float(settings["offered_load_rps"]),
+        dispatch=dict(settings["dispatch"]),
+        telemetry=dict(settings["telemetry"]),
+        success_threshold=float(settings["campaign"]["success_threshold"]),
+        attempt=attempt,
+        faults=faults,
+        requests_path=str(run_dir / "requests.parquet"),
+        scrape_path=str(run_dir / "scrape.parquet"),
+        run_json_path=str(run_dir / "run.json"),
+    )
+    log.info("run %s: attempt %d on backend %s", paths.run_id, attempt, impl.name)
+    try:
+        return impl.run(request)
+    except Exception as exc:  # the engine or the backend broke: recorded, and retried
+        log.exception("run %s: attempt %d raised", paths.run_id, attempt)
+        return _write_crash_record(request, paths, exc)
+
+
+def _write_crash_record(request: RunRequest, paths: RunPaths, exc: Exception) -> dict[str, Any]:
+    """A backend that raised still leaves a complete (failed) record, so nothing is lost."""
+    import pyarrow as pa
+
+    from servelab.artifacts import REQUESTS_SCHEMA, write_parquet
+    from servelab.runrecord import build_run_record
+
+    run_dir = paths.run_dir
+    manifest = read_json(request.manifest_path)
+    if not (run_dir / "requests.parquet").is_file():
+        write_parquet(run_dir / "requests.parquet", REQUESTS_SCHEMA.empty_table())
+    if not (run_dir / "scrape.parquet").is_file():
+        write_parquet(run_dir / "scrape.parquet", SCRAPE_SCHEMA.empty_table())
+    requests = read_parquet(run_dir / "requests.parquet", REQUESTS_SCHEMA)
+    now = time.time()
+    record = build_run_record(
+        arm=paths.arm,
+        engine=paths.engine,
+        condition=paths.condition,
+        rep=paths.rep,
+        seed=int(manifest.get("seed", 0)),
+        trace_sha256="",
+        backend=request.deployment.get("backend", "unknown"),
+        deployment_id=request.deployment["deployment_id"],
+        resolved_config=request.resolved_config,
+        start_unix_s=now,
+        end_unix_s=now,
+        offered_load_rps=request.offered_load_rps,
+        requests=requests if requests.num_rows else pa.Table.from_pylist([], REQUESTS_SCHEMA),
+        success_threshold=request.success_threshold,
+        attempt=request.attempt,
+        node={},
+        extra={"error": f"{type(exc).__name__}: {exc}"},
+    )
+    record["status"] = "failed"
+    write_json(run_dir / "run.json", record)
+    return record
+
+
+def _previous_attempts(paths: RunPaths) -> int:
+    """Attempts already kept from an earlier, interrupted invocation: numbering continues."""
+    attempts = paths.run_dir / "attempts"
+    if not attempts.is_dir():
+        return 0
+    numbers = [int(p.name.split("-")[1]) for p in attempts.glob("attempt-*") if p.name.split("-")[1].isdigit()]
+    return max(numbers, default=0)
+
+
+def _keep_failed_attempt(paths: RunPaths, attempt: int) -> None:
+    target = paths.run_dir / "attempts" / f"attempt-{attempt}"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        source = paths.run_dir / name
+        if source.exists():
+            source.replace(target / name)
+    log.info("run %s: attempt %d failed; kept under %s", paths.run_id, attempt, target)
+
+
+def _active_faults(faults: list[Mapping[str, Any]], paths: RunPaths, attempt: int) -> list[dict[str, Any]]:
+    """Injected faults for this attempt. A reclamation fires once: not again after its discard."""
+    active = []
+    for fault in faults:
+        if fault["kind"] == "fail" and attempt > int(fault.get("attempts", 1)):
+            continue
+        if fault["kind"] == "reclaim" and _fault_already_fired(paths, fault):
+            continue
+        active.append(dict(fault))
+    return active
+
+
+def _fault_already_fired(paths: RunPaths, fault: Mapping[str, Any]) -> bool:
+    for reason in paths.discard_root.glob("*/reason.json"):
+        if dict(fault) in read_json(reason).get("faults", []):
+            return True
+    return False
+
+
+def _was_reclaimed(record: Mapping[str, Any]) -> bool:
+    node = record.get("node", {})
+    return bool(record.get("reclaimed_reason")) or (
+        isinstance(node, Mapping) and node.get("start") != node.get("end")
+    )
+
+
+def _reclamation_reason(record: Mapping[str, Any]) -> str:
+    if record.get("reclaimed_reason"):
+        return str(record["reclaimed_reason"])
+    node = record["node"]
+    return f"node changed during the run: {node.get('start')} -> {node.get('end')}"
+
+
+def _discard_condition(paths: RunPaths, reason: str, faults: list[dict[str, Any]]) -> list[RunPaths]:
+    """Move every repetition of (arm, engine, condition) under results/discarded/; return the
+    sibling runs that had completed (they must be repeated)."""
+    root = paths.discard_root
+    root.mkdir(parents=True, exist_ok=True)
+    generation = 1 + max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0)
+    target = root / f"{generation:03d}"
+    target.mkdir()
+    moved: list[str] = []
+    completed: list[RunPaths] = []
+    run_parent = paths.run_dir.parent
+    for rep_dir in sorted(p for p in run_parent.iterdir() if p.is_dir()):
+        sibling = paths.sibling(rep_dir.name)
+        finished = (rep_dir / "run.json").is_file() and rep_dir.name != paths.rep
+        shutil.move(str(rep_dir), str(target / rep_dir.name))
+        moved.append(rep_dir.name)
+        if finished:
+            completed.append(sibling)
+    write_json(
+        target / "reason.json",
+        {
+            "reason": reason,
+            "interrupted_run": paths.run_id,
+            "discarded_reps": moved,
+            "repeated_reps": [s.rep for s in completed],
+            "faults": faults,
+            "discarded_at_unix_s": round(time.time(), 3),
+        },
+    )
+    write_text(target / "REASON.txt", f"{reason}\ninterrupted run: {paths.run_id}\n")
+    return completed
+
+
+def _rerun_sibling(
+    impl: Any,
+    settings: Mapping[str, Any],
+    deployment: Mapping[str, Any],
+    resolved: Mapping[str, Any],
+    sibling: RunPaths,
+    trace_path: str,
+    manifest_path: str,
+) -> None:
+    """Repeat a completed sibling repetition on the new node, including its telemetry table."""
+    trace_dir = Path(trace_path).parent.parent / sibling.rep
+    sibling_settings = {**settings, "rep": sibling.rep, "faults": []}
+    record = _run_with_retries(
+        impl,
+        sibling_settings,
+        deployment,
+        resolved,
+        sibling,
+        str(trace_dir / "trace.parquet"),
+        str(trace_dir / "manifest.json"),
+    )
+    run = read_run_json(sibling.run_dir / "run.json")
+    scrape = read_parquet(sibling.run_dir / "scrape.parquet", SCRAPE_SCHEMA)
+    from servelab.artifacts import TELEMETRY_SCHEMA, write_parquet
+
+    table = canonicalize(
+        scrape,
+        engine=sibling.engine,
+        run_id=run["run_id"],
+        duration_s=float(run["end_unix_s"]) - float(run["start_unix_s"]),
+        step_s=float(settings["telemetry"]["step_s"]),
+        what=str(sibling.run_dir / "scrape.parquet"),
+        require_full_window=run["status"] == "ok",
+    )
+    write_parquet(sibling.run_dir / "telemetry.parquet", table, TELEMETRY_SCHEMA)
+    log.info("repeated %s after reclamation: status %s", sibling.run_id, record["status"])

@@ -1,0 +1,67 @@
+"""The default backend: the simulated engines, in virtual time."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from servelab.deploy import RunRequest
+
+__all__ = ["SIM_STARTUP_TIME", "SimBackend"]
+
+# A fixed clock for simulated start-up logs, so re-deploying gives byte-identical logs.
+SIM_STARTUP_TIME = datetime(2025, 1, 1, 0, 0, 0, tzinfo=UTC)
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, *, gpu: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+        self.gpu = dict(gpu)
+        self.model = dict(model)
+
+    def deploy(
+        self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
+    ) -> None:
+        from servelab.sim import sim_deploy
+
+        del manifest_path  # nothing to apply: the simulator resolves from the same flags
+        sim_deploy(
+            engine=deployment["engine"],
+            flags=list(deployment["flags"]),
+            gpu_name=self.gpu["name"],
+            gpu_memory_mib=int(self.gpu["memory_mib"]),
+            model_preset=self.model["preset"],
+            deployment_id=deployment["deployment_id"],
+            startup_log_path=startup_log_path,
+            timestamp=SIM_STARTUP_TIME,
+        )
+
+    def run(self, request: RunRequest) -> dict[str, Any]:
+        from servelab.sim import simulate_run_files
+
+        return simulate_run_files(
+            trace_path=request.trace_path,
+            manifest_path=request.manifest_path,
+            arm=request.arm,
+            engine=request.engine,
+            condition=request.condition,
+            rep=request.rep,
+            flags=list(request.deployment["flags"]),
+            gpu_name=self.gpu["name"],
+            gpu_memory_mib=int(self.gpu["memory_mib"]),
+            model_preset=self.model["preset"],
+            deployment_id=request.deployment["deployment_id"],
+            warmup_requests=int(request.dispatch["warmup_requests"]),
+            request_timeout_s=float(request.dispatch["request_timeout_s"]),
+            stream_interval=int(request.dispatch["stream_interval"]),
+            telemetry_step_s=float(request.telemetry["step_s"]),
+            success_threshold=request.success_threshold,
+            offered_load_rps=request.offered_load_rps,
+            attempt=request.attempt,
+            faults=request.faults,
+            requests_path=request.requests_path,
+            scrape_path=request.scrape_path,
+            run_json_path=request.run_json_path,
+        )

@@ -1,0 +1,105 @@
+"""Raw engine-metric samples -> the canonical telemetry table (DESIGN.md `telemetry.parquet`).
+
+Every backend records the same raw form (`scrape.parquet`: the engine's own metric names over the
+run's window), so one mapping and one coverage check serve the simulator and Prometheus alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from servelab.artifacts import (
+    SCRAPE_SCHEMA,
+    TELEMETRY_SCHEMA,
+    ArtifactError,
+    read_parquet,
+    read_run_json,
+    write_parquet,
+)
+from servelab.engines.metrics import METRIC_MAP
+
+__all__ = ["TelemetryWindowError", "canonicalize", "canonicalize_files"]
+
+log = logging.getLogger(__name__)
+
+
+class TelemetryWindowError(ArtifactError):
+    """The run's metric window is missing or only partly covered."""
+
+
+def canonicalize(
+    scrape: pa.Table,
+    *,
+    engine: str,
+    run_id: str,
+    duration_s: float,
+    step_s: float,
+    what: str,
+    require_full_window: bool = True,
+) -> pa.Table:
+    """Map `scrape` to canonical metric names, checking each series covers the whole window.
+
+    A run that did not complete (`require_full_window=False`) keeps what its window holds.
+    """
+    if engine not in METRIC_MAP:
+        raise ValueError(f"unknown engine {engine!r}")
+    sources = scrape.column("source_metric")
+    columns: dict[str, list] = {name: [] for name in TELEMETRY_SCHEMA.names}
+    for canonical, source in sorted(METRIC_MAP[engine].items()):
+        if source is None:  # the engine exports no such series (documented in docs/engines.md)
+            continue
+        rows = scrape.filter(pc.equal(sources, source))
+        times = np.asarray(rows.column("t_s").to_numpy(), dtype=float)
+        values = np.asarray(rows.column("value").to_numpy(), dtype=float)
+        if require_full_window:
+            _check_coverage(times, duration_s=duration_s, step_s=step_s, series=source, what=what)
+        order = np.argsort(times, kind="stable")
+        columns["run_id"].extend([run_id] * len(order))
+        columns["t_s"].extend(times[order].tolist())
+        columns["metric"].extend([canonical] * len(order))
+        columns["value"].extend(values[order].tolist())
+        columns["source_metric"].extend([source] * len(order))
+    return pa.table(columns, schema=TELEMETRY_SCHEMA)
+
+
+def _check_coverage(
+    times: np.ndarray, *, duration_s: float, step_s: float, series: str, what: str
+) -> None:
+    if times.size == 0:
+        raise TelemetryWindowError(f"{what}: no samples of {series} in the run's window")
+    times = np.sort(times)
+    # Allow one missed scrape at either end and between samples; more is a partial window.
+    slack = 2 * step_s + 1e-9
+    if times[0] > slack or times[-1] < duration_s - slack:
+        raise TelemetryWindowError(
+            f"{what}: {series} covers {times[0]:.1f}-{times[-1]:.1f} s of a {duration_s:.1f} s window"
+        )
+    if times.size > 1 and float(np.max(np.diff(times))) > slack:
+        gap = int(np.argmax(np.diff(times)))
+        raise TelemetryWindowError(
+            f"{what}: {series} has a gap from {times[gap]:.1f} s to {times[gap + 1]:.1f} s"
+        )
+
+
+def canonicalize_files(
+    *, engine: str, step_s: float, scrape_path: str, run_json_path: str, telemetry_path: str
+) -> None:
+    run = read_run_json(run_json_path)
+    scrape = read_parquet(scrape_path, SCRAPE_SCHEMA)
+    duration = float(run["end_unix_s"]) - float(run["start_unix_s"])
+    table = canonicalize(
+        scrape,
+        engine=engine,
+        run_id=run["run_id"],
+        duration_s=duration,
+        step_s=step_s,
+        what=str(Path(scrape_path)),
+        require_full_window=run["status"] == "ok",
+    )
+    write_parquet(telemetry_path, table, TELEMETRY_SCHEMA)
+    log.info("%s: %d samples of %d series", telemetry_path, table.num_rows, len(set(table["metric"].to_pylist())))

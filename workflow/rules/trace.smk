@@ -1,0 +1,21 @@
+# Compile and validate each (condition, rep)'s trace. The seed depends only on (condition, rep),
+# so both engines and both arms replay byte-identical traces.
+
+
+rule compile_trace:
+    output:
+        trace="results/traces/{condition}/{rep}/trace.parquet",
+        manifest="results/traces/{condition}/{rep}/manifest.json",
+    log:
+        "results/logs/traces/{condition}/{rep}.log",
+    priority: 1000
+    conda:
+        "../../environment.yml"
+    params:
+        condition=trace_condition,
+        rep="{rep}",
+        seed=trace_seed,
+        workload=config["workload"],
+        tokenizer=config["tokenizer"],
+    script:
+        "../scripts/compile_trace.py"
