@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 
 __all__ = [
     "REQUESTS_SCHEMA",
+    "REQUEST_STATUSES",
     "RUN_JSON_REQUIRED",
     "RUN_STATUSES",
     "SCRAPE_SCHEMA",
-    "REQUEST_STATUSES",
     "TELEMETRY_METRICS",
     "TELEMETRY_SCHEMA",
     "TRACE_MANIFEST_REQUIRED",

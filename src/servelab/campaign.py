@@ -139,11 +139,17 @@ def execute_run(
 ) -> dict[str, Any]:
     """Measure one run; returns its final run record (written to `run_json_path`)."""
     paths = RunPaths(
-        Path(results_dir), settings["arm"], settings["engine"], settings["condition"], settings["rep"]
+        Path(results_dir),
+        settings["arm"],
+        settings["engine"],
+        settings["condition"],
+        settings["rep"],
     )
     expected_dir = Path(run_json_path).parent
     if expected_dir.resolve() != paths.run_dir.resolve():
-        raise ValueError(f"run {paths.run_id}: outputs {expected_dir} are not under {paths.run_dir}")
+        raise ValueError(
+            f"run {paths.run_id}: outputs {expected_dir} are not under {paths.run_dir}"
+        )
     resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
     impl = get_backend(
         settings["backend"],
@@ -156,9 +162,13 @@ def execute_run(
         log.info("pausing %.0f s between runs", pause)
         time.sleep(pause)
 
-    record = _run_with_retries(impl, settings, deployment, resolved, paths, trace_path, manifest_path)
+    record = _run_with_retries(
+        impl, settings, deployment, resolved, paths, trace_path, manifest_path
+    )
     if record.get("reclaimed"):
-        raise RuntimeError(f"run {paths.run_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up")
+        raise RuntimeError(
+            f"run {paths.run_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up"
+        )
     log.info(
         "run %s: status %s after %d attempt(s), %d/%d requests ok",
         paths.run_id,
@@ -187,19 +197,25 @@ def _run_with_retries(
     record: dict[str, Any] = {}
     while attempt <= last_attempt:
         faults = _active_faults(settings.get("faults", []), paths, attempt)
-        record = _attempt(impl, settings, deployment, resolved, paths, trace_path, manifest_path, attempt, faults)
+        record = _attempt(
+            impl, settings, deployment, resolved, paths, trace_path, manifest_path, attempt, faults
+        )
         if record["status"] == "ok":
             return record
         if record["status"] == "interrupted" and _was_reclaimed(record):
             reclamations += 1
             reason = _reclamation_reason(record)
-            log.warning("run %s: %s; discarding every repetition of the condition", paths.run_id, reason)
+            log.warning(
+                "run %s: %s; discarding every repetition of the condition", paths.run_id, reason
+            )
             repeated = _discard_condition(paths, reason, faults)
             if reclamations >= MAX_RECLAMATIONS:
                 return {**record, "reclaimed": True}
             # Repeat the repetitions that had completed, on the new node, before this one.
             for sibling in repeated:
-                _rerun_sibling(impl, settings, deployment, resolved, sibling, trace_path, manifest_path)
+                _rerun_sibling(
+                    impl, settings, deployment, resolved, sibling, trace_path, manifest_path
+                )
             attempt = 1
             last_attempt = 1 + retries
             continue
@@ -230,7 +246,11 @@ def _attempt(
         resolved_config={
             "chunked_prefill": resolved["chunked_prefill"],
             "chunk_size": resolved["chunk_size"],
-            **{k: resolved[k] for k in ("prefix_caching", "context_len", "schedule_policy", "version") if k in resolved},
+            **{
+                k: resolved[k]
+                for k in ("prefix_caching", "context_len", "schedule_policy", "version")
+                if k in resolved
+            },
         },
         trace_path=trace_path,
         manifest_path=manifest_path,
@@ -296,7 +316,11 @@ def _previous_attempts(paths: RunPaths) -> int:
     attempts = paths.run_dir / "attempts"
     if not attempts.is_dir():
         return 0
-    numbers = [int(p.name.split("-")[1]) for p in attempts.glob("attempt-*") if p.name.split("-")[1].isdigit()]
+    numbers = [
+        int(p.name.split("-")[1])
+        for p in attempts.glob("attempt-*")
+        if p.name.split("-")[1].isdigit()
+    ]
     return max(numbers, default=0)
 
 
@@ -310,7 +334,9 @@ def _keep_failed_attempt(paths: RunPaths, attempt: int) -> None:
     log.info("run %s: attempt %d failed; kept under %s", paths.run_id, attempt, target)
 
 
-def _active_faults(faults: list[Mapping[str, Any]], paths: RunPaths, attempt: int) -> list[dict[str, Any]]:
+def _active_faults(
+    faults: list[Mapping[str, Any]], paths: RunPaths, attempt: int
+) -> list[dict[str, Any]]:
     """Injected faults for this attempt. A reclamation fires once: not again after its discard."""
     active = []
     for fault in faults:
@@ -343,7 +369,9 @@ def _reclamation_reason(record: Mapping[str, Any]) -> str:
     return f"node changed during the run: {node.get('start')} -> {node.get('end')}"
 
 
-def _discard_condition(paths: RunPaths, reason: str, faults: list[dict[str, Any]]) -> list[RunPaths]:
+def _discard_condition(
+    paths: RunPaths, reason: str, faults: list[dict[str, Any]]
+) -> list[RunPaths]:
     """Move every repetition of (arm, engine, condition) under results/discarded/; return the
     sibling runs that had completed (they must be repeated)."""
     root = paths.discard_root

@@ -125,24 +125,34 @@ def _check_references(config: Mapping[str, Any]) -> None:
     for i, cond in enumerate(config["conditions"]):
         cid = condition_id(cond["sweep"], cond[SWEEP_PARAMETER[cond["sweep"]]])
         if cid in seen:
-            problems.append(f"config key conditions[{i}]: duplicates condition {cid} (conditions[{seen[cid]}])")
+            problems.append(
+                f"config key conditions[{i}]: duplicates condition {cid} (conditions[{seen[cid]}])"
+            )
         seen[cid] = i
         sharing, length = cond["sharing"], cond["prompt_tokens"]
         if length - round(sharing * length) < 1:
-            problems.append(f"config key conditions[{i}].sharing: leaves no unique suffix at L={length}")
+            problems.append(
+                f"config key conditions[{i}].sharing: leaves no unique suffix at L={length}"
+            )
     for arm, spec in config["arms"].items():
         listed = spec["conditions"]
         if listed != "all":
             for j, cid in enumerate(listed):
                 if cid not in seen:
-                    problems.append(f"config key arms.{arm}.conditions[{j}]: unknown condition {cid!r}")
+                    problems.append(
+                        f"config key arms.{arm}.conditions[{j}]: unknown condition {cid!r}"
+                    )
         for engine, espec in spec["engines"].items():
             if engine not in config["engines"]:
-                problems.append(f"config key arms.{arm}.engines.{engine}: engine not defined under engines")
+                problems.append(
+                    f"config key arms.{arm}.engines.{engine}: engine not defined under engines"
+                )
             for key in ("flags_by_condition", "skip_conditions"):
                 for cid in espec.get(key, []):
                     if cid not in seen:
-                        problems.append(f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}")
+                        problems.append(
+                            f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}"
+                        )
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
         problems.append("config key workload.tool_delay.min_s: must be below max_s")
@@ -230,7 +240,9 @@ def deployments(config: Mapping[str, Any], run_list: list[Run] | None = None) ->
 
 def trace_seed(campaign_seed: int, condition: str, rep: str) -> int:
     """A 63-bit seed from (campaign_seed, condition, rep) only: never engine or arm."""
-    digest = hashlib.sha256(f"servelab-trace\0{campaign_seed}\0{condition}\0{rep}".encode()).digest()
+    digest = hashlib.sha256(
+        f"servelab-trace\0{campaign_seed}\0{condition}\0{rep}".encode()
+    ).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 
 

@@ -32,7 +32,9 @@ def test_condition_ids_follow_the_design_format(study_config):
 
 def test_runs_are_grouped_by_deployment(study_config):
     runs = grid.runs(study_config)
-    deployment_ids = [grid.deployment_for(study_config, r.arm, r.engine, r.condition).id for r in runs]
+    deployment_ids = [
+        grid.deployment_for(study_config, r.arm, r.engine, r.condition).id for r in runs
+    ]
     # Each deployment's runs are contiguous: it comes up once per campaign.
     seen: list[str] = []
     for d in deployment_ids:
@@ -93,7 +95,11 @@ INVALID = [
     (("engines", "vllm", "image"), "vllm/vllm-openai:v0.6.3", "engines.vllm.image"),
     (("engines", "sglang", "flags"), ["chunked-prefill-size 2048"], "engines.sglang.flags[0]"),
     (("arms", "matched", "conditions"), ["rate-0.99"], "arms.matched.conditions[0]"),
-    (("arms", "defaults", "engines", "vllm", "expect", "chunked_prefill"), "no", "arms.defaults.engines.vllm.expect.chunked_prefill"),
+    (
+        ("arms", "defaults", "engines", "vllm", "expect", "chunked_prefill"),
+        "no",
+        "arms.defaults.engines.vllm.expect.chunked_prefill",
+    ),
     (("dispatch", "warmup_requests"), -5, "dispatch.warmup_requests"),
     (("dispatch", "request_timeout_s"), 0, "dispatch.request_timeout_s"),
     (("campaign", "success_threshold"), 1.5, "campaign.success_threshold"),

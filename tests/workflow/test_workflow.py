@@ -53,7 +53,9 @@ def test_dry_run_of_the_full_grid_expands_every_run():
     counts = job_counts(result.stdout)
     assert counts["run"] == 99
     assert counts["telemetry"] == 99
-    assert counts["compile_trace"] == 39  # 13 conditions × 3 repetitions, shared by engines and arms
+    assert (
+        counts["compile_trace"] == 39
+    )  # 13 conditions × 3 repetitions, shared by engines and arms
     assert counts["deploy"] == 5
 
 

@@ -36,5 +36,7 @@ rule deploy:
         gpu=config["gpu"],
         model=config["model"],
         kubernetes=config.get("kubernetes", {}),
+    message:
+        "deploy {wildcards.deployment} and confirm its resolved configuration"
     script:
         "../scripts/deploy.py"

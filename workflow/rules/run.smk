@@ -22,5 +22,7 @@ rule run:
         settings=run_settings,
         deployment=run_deployment_spec,
         results_dir=results_root,
+    message:
+        "run {wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep}"
     script:
         "../scripts/run.py"

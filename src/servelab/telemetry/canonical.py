@@ -102,4 +102,9 @@ def canonicalize_files(
         require_full_window=run["status"] == "ok",
     )
     write_parquet(telemetry_path, table, TELEMETRY_SCHEMA)
-    log.info("%s: %d samples of %d series", telemetry_path, table.num_rows, len(set(table["metric"].to_pylist())))
+    log.info(
+        "%s: %d samples of %d series",
+        telemetry_path,
+        table.num_rows,
+        len(set(table["metric"].to_pylist())),
+    )
