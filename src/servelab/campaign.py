@@ -12,8 +12,10 @@ campaign goes on. When the node under a run is reclaimed, every repetition of th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -22,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from servelab.artifacts import (
+    REQUESTS_SCHEMA,
     SCRAPE_SCHEMA,
+    TELEMETRY_SCHEMA,
+    file_sha256,
     read_json,
     read_parquet,
     read_run_json,
     write_json,
+    write_parquet,
     write_text,
 )
 from servelab.deploy import RunRequest, get_backend
@@ -113,6 +119,11 @@ class RunPaths:
     def run_dir(self) -> Path:
         return self.results_dir / "runs" / self.arm / self.engine / self.condition / self.rep
 
+    @property
+    def measured_dir(self) -> Path:
+        """Where attempts write; published to the run's declared outputs once complete."""
+        return self.run_dir / "measured"
+
     def sibling(self, rep: str) -> RunPaths:
         return RunPaths(self.results_dir, self.arm, self.engine, self.condition, rep)
 
@@ -157,6 +168,15 @@ def execute_run(
         model=settings["model"],
         kubernetes=settings.get("kubernetes", {}),
     )
+    key = _measurement_key(settings, deployment, trace_path)
+    record = _completed_measurement(paths, key)
+    if record is not None:
+        # Measured by an invocation that was killed before Snakemake recorded the job: keep it.
+        log.info(
+            "run %s: already measured (attempt %d); publishing it", paths.run_id, record["attempt"]
+        )
+        _publish(paths)
+        return record
     pause = float(settings["campaign"]["pause_between_runs_s"])
     if pause > 0:
         log.info("pausing %.0f s between runs", pause)
@@ -169,6 +189,7 @@ def execute_run(
         raise RuntimeError(
             f"run {paths.run_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up"
         )
+    _seal(paths, key)
     log.info(
         "run %s: status %s after %d attempt(s), %d/%d requests ok",
         paths.run_id,
@@ -177,8 +198,51 @@ def execute_run(
         record["n_ok"],
         record["n_sent"],
     )
-    del requests_path, scrape_path  # written in place by the backend, under the run directory
+    del requests_path, scrape_path  # published with run.json, under the run directory
     return record
+
+
+def _measurement_key(
+    settings: Mapping[str, Any], deployment: Mapping[str, Any], trace_path: str
+) -> str:
+    """What determines a measurement: the trace's bytes, the deployment and the run settings."""
+    identity = {
+        "trace_sha256": file_sha256(trace_path),
+        "deployment": dict(deployment),
+        "settings": {k: v for k, v in settings.items() if k != "faults"},
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _completed_measurement(paths: RunPaths, key: str) -> dict[str, Any] | None:
+    """The sealed measurement of an earlier invocation with the same key, if any."""
+    seal = paths.measured_dir / "measurement.key"
+    if not seal.is_file() or seal.read_text(encoding="utf-8").strip() != key:
+        return None
+    if not all((paths.measured_dir / name).is_file() for name in RUN_FILES):
+        return None
+    return read_run_json(paths.measured_dir / "run.json")
+
+
+def _seal(paths: RunPaths, key: str) -> None:
+    """Mark the measurement complete, then publish it under the run's final names."""
+    write_text(paths.measured_dir / "measurement.key", key + "\n")
+    _publish(paths)
+
+
+def _publish(paths: RunPaths) -> None:
+    """Hard-link the measured files to the declared outputs, run.json last.
+
+    Links keep the measured files' identity, so a resumed campaign publishes a run it had already
+    measured without touching it; each link is created under a temporary name and renamed.
+    """
+    for name in RUN_FILES:
+        source = paths.measured_dir / name
+        target = paths.run_dir / name
+        tmp = paths.run_dir / f".{name}.publish"
+        tmp.unlink(missing_ok=True)
+        os.link(source, tmp)
+        tmp.replace(target)
 
 
 def _run_with_retries(
@@ -193,7 +257,7 @@ def _run_with_retries(
     retries = int(settings["campaign"]["retries"])
     reclamations = 0
     attempt = _previous_attempts(paths) + 1
-    last_attempt = attempt + retries
+    last_attempt = max(1 + retries, attempt)
     record: dict[str, Any] = {}
     while attempt <= last_attempt:
         faults = _active_faults(settings.get("faults", []), paths, attempt)
@@ -236,7 +300,7 @@ def _attempt(
     attempt: int,
     faults: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    run_dir = paths.run_dir
+    run_dir = paths.measured_dir
     request = RunRequest(
         arm=paths.arm,
         engine=paths.engine,
@@ -274,12 +338,9 @@ def _attempt(
 
 def _write_crash_record(request: RunRequest, paths: RunPaths, exc: Exception) -> dict[str, Any]:
     """A backend that raised still leaves a complete (failed) record, so nothing is lost."""
-    import pyarrow as pa
-
-    from servelab.artifacts import REQUESTS_SCHEMA, write_parquet
     from servelab.runrecord import build_run_record
 
-    run_dir = paths.run_dir
+    run_dir = paths.measured_dir
     manifest = read_json(request.manifest_path)
     if not (run_dir / "requests.parquet").is_file():
         write_parquet(run_dir / "requests.parquet", REQUESTS_SCHEMA.empty_table())
@@ -300,7 +361,7 @@ def _write_crash_record(request: RunRequest, paths: RunPaths, exc: Exception) ->
         start_unix_s=now,
         end_unix_s=now,
         offered_load_rps=request.offered_load_rps,
-        requests=requests if requests.num_rows else pa.Table.from_pylist([], REQUESTS_SCHEMA),
+        requests=requests,
         success_threshold=request.success_threshold,
         attempt=request.attempt,
         node={},
@@ -328,7 +389,7 @@ def _keep_failed_attempt(paths: RunPaths, attempt: int) -> None:
     target = paths.run_dir / "attempts" / f"attempt-{attempt}"
     target.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
-        source = paths.run_dir / name
+        source = paths.measured_dir / name
         if source.exists():
             source.replace(target / name)
     log.info("run %s: attempt %d failed; kept under %s", paths.run_id, attempt, target)
@@ -415,6 +476,7 @@ def _rerun_sibling(
 ) -> None:
     """Repeat a completed sibling repetition on the new node, including its telemetry table."""
     trace_dir = Path(trace_path).parent.parent / sibling.rep
+    sibling_trace = str(trace_dir / "trace.parquet")
     sibling_settings = {**settings, "rep": sibling.rep, "faults": []}
     record = _run_with_retries(
         impl,
@@ -422,13 +484,12 @@ def _rerun_sibling(
         deployment,
         resolved,
         sibling,
-        str(trace_dir / "trace.parquet"),
+        sibling_trace,
         str(trace_dir / "manifest.json"),
     )
+    _seal(sibling, _measurement_key(sibling_settings, deployment, sibling_trace))
     run = read_run_json(sibling.run_dir / "run.json")
     scrape = read_parquet(sibling.run_dir / "scrape.parquet", SCRAPE_SCHEMA)
-    from servelab.artifacts import TELEMETRY_SCHEMA, write_parquet
-
     table = canonicalize(
         scrape,
         engine=sibling.engine,

@@ -99,7 +99,8 @@ def test_reclamation_discards_and_repeats_every_repetition_of_the_condition(work
     assert "reclaim" in reason["reason"] or "node" in reason["reason"]
     # The discarded logs are kept, with the interrupted attempt.
     assert json.loads((generations[0] / "rep1" / "run.json").read_text()) == first_rep1
-    assert json.loads((generations[0] / "rep2" / "run.json").read_text())["status"] == "interrupted"
+    interrupted = generations[0] / "rep2" / "measured" / "run.json"  # never published
+    assert json.loads(interrupted.read_text())["status"] == "interrupted"
     # Both repetitions were measured again and are complete.
     for run_id in (VLLM1, VLLM2):
         run = read_run(workdir, run_id)

@@ -24,7 +24,7 @@ class SimBackend:
     def deploy(
         self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
     ) -> None:
-        from servelab.sim import sim_deploy
+        from servelab.sim.run import sim_deploy
 
         del manifest_path  # nothing to apply: the simulator resolves from the same flags
         sim_deploy(
@@ -39,7 +39,7 @@ class SimBackend:
         )
 
     def run(self, request: RunRequest) -> dict[str, Any]:
-        from servelab.sim import simulate_run_files
+        from servelab.sim.run import simulate_run_files
 
         return simulate_run_files(
             trace_path=request.trace_path,

@@ -1,1 +1,66 @@
-"""servelab.engines"""
+"""servelab.engines: what each engine IS.
+
+Its flags (parsed by the engine's own argument definitions), the configuration it resolves from
+them by its own rules, its start-up log formats and their parser, the resolved-configuration gate,
+and its /metrics names. Used by `sim`, `deploy` and `telemetry`; imports none of them.
+See docs/engines.md.
+"""
+
+from servelab.engines.flags import ENGINE_NAMES, EngineFlags, FlagError, parse_flags
+from servelab.engines.gate import ResolvedConfigMismatch, check_resolved
+from servelab.engines.logparse import (
+    CONFIG_FIELDS,
+    ParsedLog,
+    UnknownEngineLog,
+    detect_engine,
+    parse_startup_log,
+)
+from servelab.engines.metrics import (
+    ENGINE_METRICS,
+    METRIC_MAP,
+    MetricSample,
+    cache_config_info,
+    canonical_metrics,
+    canonical_values,
+    parse_metrics_text,
+)
+from servelab.engines.resolve import (
+    DEFAULT_VERSIONS,
+    PRINTED_VERSIONS,
+    ResolutionError,
+    ResolvedConfig,
+    RuntimeLimits,
+    resolve,
+    runtime_limits,
+)
+from servelab.engines.startup_log import LLAMA_31_8B_KV_BYTES_PER_TOKEN, render_startup_log
+
+__all__ = [
+    "CONFIG_FIELDS",
+    "DEFAULT_VERSIONS",
+    "ENGINE_METRICS",
+    "ENGINE_NAMES",
+    "LLAMA_31_8B_KV_BYTES_PER_TOKEN",
+    "METRIC_MAP",
+    "PRINTED_VERSIONS",
+    "EngineFlags",
+    "FlagError",
+    "MetricSample",
+    "ParsedLog",
+    "ResolutionError",
+    "ResolvedConfig",
+    "ResolvedConfigMismatch",
+    "RuntimeLimits",
+    "UnknownEngineLog",
+    "cache_config_info",
+    "canonical_metrics",
+    "canonical_values",
+    "check_resolved",
+    "detect_engine",
+    "parse_flags",
+    "parse_metrics_text",
+    "parse_startup_log",
+    "render_startup_log",
+    "resolve",
+    "runtime_limits",
+]

@@ -1,0 +1,58 @@
+"""`servelab resolve-config LOGFILE [--engine vllm|sglang]`: what an engine resolved, from its log.
+
+Prints one JSON object (DESIGN.md "Reading what an engine resolved"). Exit codes: 0 parsed;
+2 unreadable file, or a text from neither engine (a message on stderr says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from servelab.engines.flags import ENGINE_NAMES
+from servelab.engines.logparse import UnknownEngineLog, parse_startup_log
+
+__all__ = ["register", "resolve_config_main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+
+
+def resolve_config_main(args: argparse.Namespace) -> int:
+    path = Path(args.logfile)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        print(f"servelab resolve-config: cannot read {path}: {reason}", file=sys.stderr)
+        return EXIT_ERROR
+    text = data.decode("utf-8", errors="replace")
+    try:
+        parsed = parse_startup_log(text, engine=args.engine)
+    except UnknownEngineLog as exc:
+        print(f"servelab resolve-config: {path}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    sys.stdout.write(parsed.to_json() + "\n")
+    return EXIT_OK
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "resolve-config",
+        help="print the configuration a vLLM or SGLang start-up log shows (JSON)",
+        description=(
+            "Read a vLLM or SGLang start-up log and print one JSON object: engine, version, "
+            "chunked_prefill, chunk_size, prefix_caching, context_len, schedule_policy (null when "
+            "the log does not show them) and the evidence lines they came from."
+        ),
+    )
+    p.add_argument("logfile", help="the engine's start-up log (text)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINE_NAMES,
+        default=None,
+        help="the engine that wrote the log (default: detected from the text)",
+    )
+    p.set_defaults(func=resolve_config_main)

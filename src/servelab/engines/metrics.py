@@ -1,0 +1,203 @@
+"""Each engine's /metrics names and the canonical names telemetry uses (DESIGN.md `telemetry.parquet`).
+
+Sources: research/engines.md A5 (vLLM 0.6.3 `vllm/engine/metrics.py`, label `model_name`) and B4
+(SGLang 0.4.1 `srt/metrics/collector.py` with `--enable-metrics`, label `model_name`; releases
+before 0.4 used the label `name`).
+
+Canonical mapping (`METRIC_MAP[engine][canonical] -> the engine's sample name`):
+
+| canonical               | vLLM 0.6.3                       | SGLang 0.4.1                      |
+|-------------------------|----------------------------------|-----------------------------------|
+| kv_cache_usage (0..1)   | vllm:gpu_cache_usage_perc        | sglang:token_usage                |
+| requests_running        | vllm:num_requests_running        | sglang:num_running_reqs           |
+| requests_waiting        | vllm:num_requests_waiting        | sglang:num_queue_reqs             |
+| preemptions_total       | vllm:num_preemptions_total       | (none: omitted, see below)        |
+| prompt_tokens_total     | vllm:prompt_tokens_total         | sglang:prompt_tokens_total        |
+| generation_tokens_total | vllm:generation_tokens_total     | sglang:generation_tokens_total    |
+| prefix_cache_hit_rate   | vllm:gpu_prefix_cache_hit_rate   | sglang:cache_hit_rate             |
+
+SGLang 0.4.1 exports no preemption (retraction) counter: retractions appear only in its log
+("Decode out of memory happened. #retracted_reqs: N"). `preemptions_total` is therefore OMITTED
+from SGLang's map (not mapped to a stand-in series, not filled with zeros): `canonical_metrics`
+does not list it and telemetry records no such series for SGLang runs.
+
+Caveats the analysis must respect: vLLM's hit rate is -1 when prefix caching is off and otherwise
+a lifetime block-level rate; SGLang's is a lifetime token rate, refreshed only on prefill-batch
+log lines and inflated by chunked prefill (engines.md B2); SGLang's gauges are stale between its
+log lines (every prefill batch and every 40 decode steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelab.engines.flags import ENGINE_NAMES
+
+__all__ = [
+    "ENGINE_METRICS",
+    "METRIC_MAP",
+    "MetricSample",
+    "cache_config_info",
+    "canonical_metrics",
+    "canonical_values",
+    "parse_metrics_text",
+]
+
+METRIC_MAP: dict[str, dict[str, str]] = {
+    "vllm": {
+        "kv_cache_usage": "vllm:gpu_cache_usage_perc",
+        "requests_running": "vllm:num_requests_running",
+        "requests_waiting": "vllm:num_requests_waiting",
+        "preemptions_total": "vllm:num_preemptions_total",
+        "prompt_tokens_total": "vllm:prompt_tokens_total",
+        "generation_tokens_total": "vllm:generation_tokens_total",
+        "prefix_cache_hit_rate": "vllm:gpu_prefix_cache_hit_rate",
+    },
+    "sglang": {
+        "kv_cache_usage": "sglang:token_usage",
+        "requests_running": "sglang:num_running_reqs",
+        "requests_waiting": "sglang:num_queue_reqs",
+        "prompt_tokens_total": "sglang:prompt_tokens_total",
+        "generation_tokens_total": "sglang:generation_tokens_total",
+        "prefix_cache_hit_rate": "sglang:cache_hit_rate",
+    },
+}
+
+# Every series each engine exports (metric family name -> type), engines.md A5 / B4.
+ENGINE_METRICS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        "vllm": MappingProxyType(
+            {
+                "vllm:num_requests_running": "gauge",
+                "vllm:num_requests_waiting": "gauge",
+                "vllm:num_requests_swapped": "gauge",
+                "vllm:gpu_cache_usage_perc": "gauge",
+                "vllm:cpu_cache_usage_perc": "gauge",
+                "vllm:cpu_prefix_cache_hit_rate": "gauge",
+                "vllm:gpu_prefix_cache_hit_rate": "gauge",
+                "vllm:num_preemptions_total": "counter",
+                "vllm:prompt_tokens_total": "counter",
+                "vllm:generation_tokens_total": "counter",
+                "vllm:request_success_total": "counter",
+                "vllm:time_to_first_token_seconds": "histogram",
+                "vllm:time_per_output_token_seconds": "histogram",
+                "vllm:e2e_request_latency_seconds": "histogram",
+                "vllm:request_prompt_tokens": "histogram",
+                "vllm:request_generation_tokens": "histogram",
+                "vllm:request_params_n": "histogram",
+                "vllm:avg_prompt_throughput_toks_per_s": "gauge",
+                "vllm:avg_generation_throughput_toks_per_s": "gauge",
+                "vllm:cache_config_info": "gauge",
+            }
+        ),
+        "sglang": MappingProxyType(
+            {
+                "sglang:num_running_reqs": "gauge",
+                "sglang:num_used_tokens": "gauge",
+                "sglang:token_usage": "gauge",
+                "sglang:gen_throughput": "gauge",
+                "sglang:num_queue_reqs": "gauge",
+                "sglang:cache_hit_rate": "gauge",
+                "sglang:prompt_tokens_total": "counter",
+                "sglang:generation_tokens_total": "counter",
+                "sglang:time_to_first_token_seconds": "histogram",
+                "sglang:time_per_output_token_seconds": "histogram",
+                "sglang:e2e_request_latency_seconds": "histogram",
+                "sglang:func_latency_seconds": "histogram",
+            }
+        ),
+    }
+)
+
+# The label naming the served model: `model_name` (vLLM; SGLang >= 0.4) or `name` (SGLang 0.3.x).
+_MODEL_LABELS = ("model_name", "name")
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One sample of a Prometheus text exposition: its sample name (counters keep `_total`,
+    histograms `_bucket`/`_sum`/`_count`), labels, value, and the family's name and type."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+    family: str
+    type: str
+
+    @property
+    def model(self) -> str | None:
+        for key in _MODEL_LABELS:
+            if key in self.labels:
+                return self.labels[key]
+        return None
+
+
+def canonical_metrics(engine: str) -> list[str]:
+    """The canonical metric names `engine` provides, sorted (SGLang has no preemptions_total)."""
+    if engine not in METRIC_MAP:
+        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINE_NAMES)}")
+    return sorted(METRIC_MAP[engine])
+
+
+def parse_metrics_text(text: str) -> list[MetricSample]:
+    """Parse Prometheus text exposition (what GET /metrics returns) into samples, in text order.
+
+    Uses prometheus_client's own parser; a malformed exposition raises ValueError.
+    """
+    out: list[MetricSample] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out.append(
+                    MetricSample(
+                        name=sample.name,
+                        labels=MappingProxyType(dict(sample.labels)),
+                        value=float(sample.value),
+                        family=family.name,
+                        type=family.type,
+                    )
+                )
+    except ValueError as exc:
+        raise ValueError(f"malformed Prometheus text exposition: {exc}") from exc
+    return out
+
+
+def canonical_values(
+    engine: str, samples: Iterable[MetricSample], *, model: str | None = None
+) -> dict[str, float]:
+    """{canonical name: value} for one scrape of `engine`, keys sorted.
+
+    Only series of the mapped names are used; `model` keeps the series whose model label
+    (`model_name=`, or `name=` before SGLang 0.4) equals it. A canonical metric the scrape does not
+    contain is absent from the result; more than one series for one name raises ValueError.
+    """
+    if engine not in METRIC_MAP:
+        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINE_NAMES)}")
+    wanted = {source: canonical for canonical, source in METRIC_MAP[engine].items()}
+    found: dict[str, list[MetricSample]] = {}
+    for sample in samples:
+        if sample.name in wanted and (model is None or sample.model == model):
+            found.setdefault(sample.name, []).append(sample)
+    out: dict[str, float] = {}
+    for source, rows in found.items():
+        if len(rows) > 1:
+            models = sorted(str(r.model) for r in rows)
+            raise ValueError(
+                f"{source}: {len(rows)} series in one scrape (models {', '.join(models)}); "
+                "give the model to select one"
+            )
+        out[wanted[source]] = rows[0].value
+    return dict(sorted(out.items()))
+
+
+def cache_config_info(samples: Iterable[MetricSample]) -> dict[str, str] | None:
+    """The labels of vLLM's `vllm:cache_config_info` (its CacheConfig, incl. num_gpu_blocks and
+    enable_prefix_caching), or None when the scrape has none."""
+    for sample in samples:
+        if sample.name == "vllm:cache_config_info":
+            return dict(sorted(sample.labels.items()))
+    return None
