@@ -5,16 +5,22 @@
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/trace.smk"
 include: "workflow/rules/deploy.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/telemetry.smk"
-include: "workflow/rules/analysis.smk"
 include: "workflow/rules/restart.smk"
+include: "workflow/rules/analysis.smk"
 
 
 rule all:
     default_target: True
     input:
-        tables=rules.table5.output.csv,
+        tables=all_tables(),
+        figures=rules.figures.output.figures,
+        numbers=rules.numbers.output.numbers,
+        checksums=rules.checksums.output.checksums,

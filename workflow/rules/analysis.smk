@@ -1,5 +1,39 @@
-# Reduce per-request run logs into the study's tables and figures. Each table declares exactly the
-# runs it reads; the analysis never knows which backend produced them (it refuses to mix them).
+# Reduce per-request run logs into the study's tables and figures. Each output declares exactly
+# the runs it reads; the analysis never knows which backend produced them (it refuses to mix them).
+
+
+rule table3:
+    input:
+        run_json=run_files("run_json", RUNS),
+        requests=run_files("requests", RUNS),
+    output:
+        csv=report("results/table3.csv", caption="../report/table3.rst", category="Tables"),
+    log:
+        "results/logs/analysis/table3.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(RUNS),
+    script:
+        "../scripts/table3.py"
+
+
+rule table4:
+    input:
+        run_json=run_files("run_json", table4_runs()),
+        requests=run_files("requests", table4_runs()),
+    output:
+        csv=report("results/table4.csv", caption="../report/table4.rst", category="Tables"),
+    log:
+        "results/logs/analysis/table4.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(table4_runs()),
+    script:
+        "../scripts/table4.py"
 
 
 rule table5:
@@ -18,3 +52,103 @@ rule table5:
         run_dirs=run_dirs(table5_runs()),
     script:
         "../scripts/table5.py"
+
+
+rule table6:
+    input:
+        run_json=run_files("run_json", table5_runs()),
+        requests=run_files("requests", table5_runs()),
+    output:
+        csv=report("results/table6.csv", caption="../report/table6.rst", category="Tables"),
+    log:
+        "results/logs/analysis/table6.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(table5_runs()),
+    script:
+        "../scripts/table6.py"
+
+
+rule figures:
+    input:
+        run_json=run_files("run_json", RUNS),
+        requests=run_files("requests", RUNS),
+        telemetry=run_files("telemetry", RUNS),
+        manifests=trace_manifests(),
+        restarts=restart_records(),
+    output:
+        figures=figure_outputs(),
+    log:
+        "results/logs/analysis/figures.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(RUNS),
+        out_dir=figure_dir,
+    script:
+        "../scripts/figures.py"
+
+
+rule numbers:
+    input:
+        run_json=run_files("run_json", RUNS),
+        requests=run_files("requests", RUNS),
+        telemetry=run_files("telemetry", RUNS),
+        manifests=trace_manifests(),
+        restarts=restart_records(),
+    output:
+        numbers=report("results/numbers.json", caption="../report/numbers.rst", category="Numbers"),
+        notes="results/analysis_notes.txt",
+    log:
+        "results/logs/analysis/numbers.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(RUNS),
+    script:
+        "../scripts/numbers.py"
+
+
+rule checksums:
+    input:
+        tables=all_tables(),
+        figures=rules.figures.output.figures,
+        numbers=rules.numbers.output.numbers,
+        notes=rules.numbers.output.notes,
+    output:
+        checksums="results/checksums.json",
+    log:
+        "results/logs/analysis/checksums.log",
+    conda:
+        "../../environment.yml"
+    params:
+        results_dir=results_dir_of_checksums,
+    script:
+        "../scripts/checksums.py"
+
+
+# Recompute every table, figure and number from the run logs in a scratch folder and compare
+# byte for byte with the recorded checksums.
+rule verify:
+    input:
+        checksums=rules.checksums.output.checksums,
+        run_json=run_files("run_json", RUNS),
+        requests=run_files("requests", RUNS),
+        telemetry=run_files("telemetry", RUNS),
+        manifests=trace_manifests(),
+        restarts=restart_records(),
+    output:
+        verified="results/verify.txt",
+    log:
+        "results/logs/analysis/verify.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(RUNS),
+    script:
+        "../scripts/verify.py"

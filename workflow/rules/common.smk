@@ -4,6 +4,8 @@
 import re
 from pathlib import Path
 
+from snakemake.io import report as for_report
+
 import servelab.config as grid
 from servelab.config import ConfigError
 
@@ -177,6 +179,51 @@ def paired_conditions():
 
 def table5_runs():
     return runs_where(conditions=paired_conditions())
+
+
+def table4_runs():
+    return runs_where(conditions=paired_conditions(), engines=["sglang"])
+
+
+def trace_manifests():
+    """The trace manifest of every (condition, rep) the grid runs."""
+    pairs = sorted({(run.condition, run.rep) for run in RUNS})
+    return [
+        rules.compile_trace.output.manifest.format(condition=condition, rep=rep)
+        for condition, rep in pairs
+    ]
+
+
+def restart_records():
+    """Restart-experiment records (Fig. 14): only the kubernetes backend restarts real pods."""
+    if config["backend"] != "kubernetes":
+        return []
+    return expand(rules.restart.output.record, engine=config["engines"], k=RESTART_REPS)
+
+
+FIGURE_DIR = "results/figures"
+FIGURES = ["figure1", *(f"figure{n}" for n in range(6, 15))]
+
+
+def figure_outputs():
+    return [
+        for_report(
+            f"{FIGURE_DIR}/{name}.{ext}",
+            caption=f"../report/{name}.rst",
+            category="Figures",
+            labels={"figure": name, "format": ext},
+        )
+        for name in FIGURES
+        for ext in ("png", "pdf")
+    ]
+
+
+def figure_dir(wildcards, output):
+    return str(Path(output.figures[0]).parent)
+
+
+def results_dir_of_checksums(wildcards, output):
+    return str(Path(output.checksums).parent)
 
 
 def analysis_settings():

@@ -1,0 +1,11 @@
+"""Snakemake adapter: Table 4."""
+
+from servelab.analysis import write_table4
+from servelab.workflow_io import log_to
+
+with log_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
+    write_table4(
+        list(snakemake.params.run_dirs),  # noqa: F821
+        snakemake.output.csv,  # noqa: F821
+        **snakemake.params.settings,  # noqa: F821
+    )
