@@ -172,6 +172,7 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    tmp.chmod(0o644)  # mkstemp creates 0600; artifacts are meant to be shared
     try:
         yield tmp
         with tmp.open("rb+") as fh:

@@ -1,0 +1,315 @@
+"""Public entry points with plain-value arguments, so Snakemake scripts stay one call each.
+
+Each function takes exactly the run directories it needs (or an already built `Analysis`), reads
+them through `load_runs`, and writes its outputs atomically. `analyze` writes everything from one
+load: Tables 3-6, Figures 1 and 6-14, numbers.json and analysis_notes.txt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.analysis import figdata, figures, tables
+from servelab.analysis.numbers import build_numbers, clean, render_notes
+from servelab.analysis.restarts import read_restart_record
+from servelab.analysis.runs import load_runs, read_manifests
+from servelab.analysis.summary import Analysis
+from servelab.analysis.verify import Mismatch, verify
+from servelab.artifacts import read_json, write_json, write_text
+
+__all__ = [
+    "AnalysisResult",
+    "VerificationError",
+    "analyze",
+    "build_analysis",
+    "verify_against_checksums",
+    "write_figures",
+    "write_numbers",
+    "write_table3",
+    "write_table4",
+    "write_table5",
+    "write_table6",
+]
+
+log = logging.getLogger("servelab.analysis")
+PathLike = str | os.PathLike[str]
+RunsArg = Sequence[PathLike] | Analysis
+
+
+def build_analysis(
+    run_dirs: Sequence[PathLike],
+    *,
+    manifests: Sequence[PathLike] = (),
+    restart_records: Sequence[PathLike] = (),
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+    telemetry: bool = True,
+) -> Analysis:
+    """Load the runs (and trace manifests, restart records) into an `Analysis`."""
+    runset = load_runs(run_dirs, exclude_first_graph=exclude_first_graph, telemetry=telemetry)
+    return Analysis(
+        runset,
+        keeps_pace=keeps_pace,
+        phi_guard=phi_guard,
+        manifests=read_manifests(manifests),
+        restarts=[read_restart_record(p) for p in restart_records],
+    )
+
+
+def _analysis(runs: RunsArg, **kw: object) -> Analysis:
+    if isinstance(runs, Analysis):
+        return runs
+    return build_analysis(runs, **kw)  # type: ignore[arg-type]
+
+
+def _write_table(
+    render: Callable[[Analysis], str],
+    runs: RunsArg,
+    out_csv: PathLike,
+    keeps_pace: float,
+    phi_guard: float,
+    exclude_first_graph: bool,
+) -> Path:
+    an = _analysis(
+        runs,
+        keeps_pace=keeps_pace,
+        phi_guard=phi_guard,
+        exclude_first_graph=exclude_first_graph,
+        telemetry=False,
+    )
+    write_text(out_csv, render(an))
+    return Path(out_csv)
+
+
+# Every writer takes the same analysis settings (config `analysis:`), so one settings mapping can be
+# passed to all of them; a table that does not use one (e.g. keeps_pace for Table 5) ignores it.
+
+
+def write_table3(
+    runs: RunsArg,
+    out_csv: PathLike,
+    *,
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+) -> Path:
+    """Table 3, workload realisation (needs every run of the grid)."""
+    return _write_table(
+        tables.render_table3, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
+    )
+
+
+def write_table4(
+    runs: RunsArg,
+    out_csv: PathLike,
+    *,
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+) -> Path:
+    """Table 4, SGLang in the two deployments (needs SGLang's runs of both arms at rate-0.12,
+    rate-0.28 and length-8192)."""
+    return _write_table(
+        tables.render_table4, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
+    )
+
+
+def write_table5(
+    runs: RunsArg,
+    out_csv: PathLike,
+    *,
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+) -> Path:
+    """Table 5, the decomposition (needs both engines × both arms at rate-0.12, rate-0.28 and
+    length-8192: 36 runs with three repetitions)."""
+    return _write_table(
+        tables.render_table5, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
+    )
+
+
+def write_table6(
+    runs: RunsArg,
+    out_csv: PathLike,
+    *,
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+) -> Path:
+    """Table 6, dispersion of pooled TTFT (the same 36 runs as Table 5)."""
+    return _write_table(
+        tables.render_table6, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
+    )
+
+
+def write_figures(
+    runs: RunsArg,
+    out_dir: PathLike,
+    *,
+    manifests: Sequence[PathLike] = (),
+    restart_records: Sequence[PathLike] = (),
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+    formats: Sequence[str] = figures.FORMATS,
+) -> list[Path]:
+    """Figures 1 and 6-14 as `{out_dir}/figureN.{png,pdf}` (needs every run, the trace manifests of
+    the runs the fluid model uses, and the restart records if any)."""
+    an = _analysis(
+        runs,
+        manifests=manifests,
+        restart_records=restart_records,
+        keeps_pace=keeps_pace,
+        phi_guard=phi_guard,
+        exclude_first_graph=exclude_first_graph,
+    )
+    return figures.draw_figures(_drawable(clean(figdata.figure_data(an))), out_dir, formats)
+
+
+def write_numbers(
+    runs: RunsArg,
+    out_json: PathLike,
+    *,
+    manifests: Sequence[PathLike] = (),
+    restart_records: Sequence[PathLike] = (),
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+    notes_path: PathLike | None = None,
+) -> Path:
+    """numbers.json (and, if `notes_path` is given, the plain-text notes)."""
+    an = _analysis(
+        runs,
+        manifests=manifests,
+        restart_records=restart_records,
+        keeps_pace=keeps_pace,
+        phi_guard=phi_guard,
+        exclude_first_graph=exclude_first_graph,
+    )
+    write_json(out_json, build_numbers(an))
+    if notes_path is not None:
+        write_text(notes_path, render_notes(an))
+    return Path(out_json)
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    found: int
+    parsed: int
+    skipped: int
+    outputs: list[Path]
+    notes: list[str]
+
+
+def analyze(
+    run_dirs: Sequence[PathLike],
+    out_dir: PathLike,
+    *,
+    manifests: Sequence[PathLike] = (),
+    restart_records: Sequence[PathLike] = (),
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+    formats: Sequence[str] = figures.FORMATS,
+) -> AnalysisResult:
+    """Everything, from one load: `{out_dir}/table{3..6}.csv`, `numbers.json`,
+    `analysis_notes.txt` and `figures/figureN.{png,pdf}`."""
+    out = Path(out_dir)
+    an = build_analysis(
+        run_dirs,
+        manifests=manifests,
+        restart_records=restart_records,
+        keeps_pace=keeps_pace,
+        phi_guard=phi_guard,
+        exclude_first_graph=exclude_first_graph,
+    )
+    written = [
+        write_table3(an, out / "table3.csv"),
+        write_table4(an, out / "table4.csv"),
+        write_table5(an, out / "table5.csv"),
+        write_table6(an, out / "table6.csv"),
+    ]
+    numbers = build_numbers(an)
+    write_json(out / "numbers.json", numbers)
+    write_text(out / "analysis_notes.txt", render_notes(an))
+    written += [out / "numbers.json", out / "analysis_notes.txt"]
+    written += figures.draw_figures(_drawable(numbers["figures"]), out / "figures", formats)
+    rs = an.runset
+    return AnalysisResult(rs.found, rs.parsed, len(rs.skipped), written, an.notes())
+
+
+class VerificationError(ValueError):
+    """Recomputed outputs differ from the recorded checksums (the message lists every file)."""
+
+
+def verify_against_checksums(
+    run_dirs: Sequence[PathLike],
+    checksums_path: PathLike,
+    report_path: PathLike | None = None,
+    *,
+    manifests: Sequence[PathLike] = (),
+    restart_records: Sequence[PathLike] = (),
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
+    scratch_dir: PathLike | None = None,
+) -> list[Mismatch]:
+    """The verify target: recompute everything into a scratch directory (a temporary one unless
+    `scratch_dir` is given) and compare it byte for byte with `checksums_path`.
+
+    Writes `report_path` (when given) and returns [] when every file matches; otherwise logs each
+    mismatch and raises `VerificationError` naming the files.
+    """
+    with tempfile.TemporaryDirectory(prefix="servelab-verify-") as tmp:
+        scratch = Path(scratch_dir) if scratch_dir is not None else Path(tmp)
+        analyze(
+            run_dirs,
+            scratch,
+            manifests=manifests,
+            restart_records=restart_records,
+            keeps_pace=keeps_pace,
+            phi_guard=phi_guard,
+            exclude_first_graph=exclude_first_graph,
+        )
+        mismatches = verify(scratch, checksums_path)
+    if mismatches:
+        for m in mismatches:
+            log.error("verify: %s", m)
+        raise VerificationError(
+            f"{len(mismatches)} output(s) differ from {checksums_path}: "
+            + "; ".join(str(m) for m in mismatches)
+        )
+    n = len(read_json(checksums_path, ("files",))["files"])
+    message = f"verified {n} files against {checksums_path}: all byte-identical\n"
+    log.info("%s", message.strip())
+    if report_path is not None:
+        write_text(report_path, message)
+    return []
+
+
+def _drawable(figure_numbers: object) -> dict[str, dict[str, object]]:
+    """Figure data as written to numbers.json, with null restored to NaN for drawing.
+
+    Figures are always drawn from these rounded values, so every number a figure shows is the
+    number numbers.json holds, whichever entry point drew it.
+    """
+    out = _restore_nan(figure_numbers)
+    assert isinstance(out, dict)
+    return out
+
+
+def _restore_nan(obj: object) -> object:
+    if obj is None:
+        return float("nan")
+    if isinstance(obj, dict):
+        return {k: _restore_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_restore_nan(v) for v in obj]
+    return obj
