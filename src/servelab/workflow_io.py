@@ -22,6 +22,7 @@ def log_to(path: str) -> Iterator[logging.Logger]:
         root = logging.getLogger()
         root.addHandler(handler)
         root.setLevel(logging.INFO)
+        logging.getLogger("fontTools").setLevel(logging.WARNING)  # PDF font subsetting chatter
         logging.captureWarnings(True)
         try:
             yield logging.getLogger("servelab")

@@ -4,6 +4,7 @@
 
 rule table3:
     input:
+        code=analysis_code(),
         run_json=run_files("run_json", RUNS),
         requests=run_files("requests", RUNS),
     output:
@@ -21,6 +22,7 @@ rule table3:
 
 rule table4:
     input:
+        code=analysis_code(),
         run_json=run_files("run_json", table4_runs()),
         requests=run_files("requests", table4_runs()),
     output:
@@ -38,6 +40,7 @@ rule table4:
 
 rule table5:
     input:
+        code=analysis_code(),
         run_json=run_files("run_json", table5_runs()),
         requests=run_files("requests", table5_runs()),
         telemetry=run_files("telemetry", table5_runs()),
@@ -56,6 +59,7 @@ rule table5:
 
 rule table6:
     input:
+        code=analysis_code(),
         run_json=run_files("run_json", table5_runs()),
         requests=run_files("requests", table5_runs()),
     output:
@@ -73,6 +77,7 @@ rule table6:
 
 rule figures:
     input:
+        code=analysis_code(),
         run_json=run_files("run_json", RUNS),
         requests=run_files("requests", RUNS),
         telemetry=run_files("telemetry", RUNS),
@@ -94,6 +99,7 @@ rule figures:
 
 rule numbers:
     input:
+        code=analysis_code(),
         run_json=run_files("run_json", RUNS),
         requests=run_files("requests", RUNS),
         telemetry=run_files("telemetry", RUNS),
@@ -135,6 +141,7 @@ rule checksums:
 # byte for byte with the recorded checksums.
 rule verify:
     input:
+        code=analysis_code(),
         checksums=rules.checksums.output.checksums,
         run_json=run_files("run_json", RUNS),
         requests=run_files("requests", RUNS),

@@ -234,6 +234,13 @@ def analysis_settings():
     }
 
 
+def analysis_code():
+    """The analysis package's sources: an edit to them re-runs the reductions (never a run)."""
+    import servelab.analysis
+
+    return sorted(str(p) for p in Path(servelab.analysis.__file__).parent.glob("*.py"))
+
+
 def all_tables():
     return [
         rules.table3.output.csv,
