@@ -501,3 +501,24 @@ def _rerun_sibling(
     )
     write_parquet(sibling.run_dir / "telemetry.parquet", table, TELEMETRY_SCHEMA)
     log.info("repeated %s after reclamation: status %s", sibling.run_id, record["status"])
+
+
+def restart_experiment(
+    *,
+    deployment: Mapping[str, Any],
+    backend: str,
+    kubernetes: Mapping[str, Any],
+    rep: str,
+    manifest_path: str,
+    record_path: str,
+) -> dict[str, Any]:
+    """Restart the engine's pod once and record the event timeline (study §7.5, Fig. 14)."""
+    if backend != "kubernetes":
+        raise ValueError(
+            f"the restart experiment restarts real pods: backend {backend!r} has none "
+            "(run it with --config backend=kubernetes)"
+        )
+    from servelab.deploy.kubernetes import KubernetesBackend
+
+    impl = KubernetesBackend.from_settings(dict(kubernetes))
+    return impl.restart_timeline(deployment["deployment_id"], manifest_path, record_path, rep=rep)

@@ -39,6 +39,7 @@ wildcard_constraints:
     arm=alternation(config["arms"]),
     engine=alternation(config["engines"]),
     deployment=alternation(DEPLOYMENTS),
+    restart=r"restart\d+",
 
 
 # ----------------------------------------------------------------------------- traces
@@ -194,11 +195,41 @@ def trace_manifests():
     ]
 
 
+RESTART_REPS = [
+    f"restart{k}" for k in range(1, config.get("restart", {}).get("repetitions", 0) + 1)
+]
+
+
 def restart_records():
     """Restart-experiment records (Fig. 14): only the kubernetes backend restarts real pods."""
-    if config["backend"] != "kubernetes":
+    if config["backend"] != "kubernetes" or not RESTART_REPS:
         return []
-    return expand(rules.restart.output.record, engine=config["engines"], k=RESTART_REPS)
+    return expand(
+        "results/restarts/{engine}/{restart}/restart.json",
+        engine=list(config["engines"]),
+        restart=RESTART_REPS,
+    )
+
+
+def restart_deployment(wildcards):
+    """The engine's deployment in the restart arm (its first condition's flags)."""
+    arm = config.get("restart", {}).get("arm", "defaults")
+    condition = grid.arm_conditions(config, arm, wildcards.engine)[0]
+    return grid.deployment_for(config, arm, wildcards.engine, condition)
+
+
+def restart_deployment_spec(wildcards):
+    return deployment_params(restart_deployment(wildcards))
+
+
+def restart_manifest(wildcards):
+    return rules.render_manifests.output.manifest.format(
+        deployment=restart_deployment(wildcards).id
+    )
+
+
+def restart_resolved(wildcards):
+    return rules.deploy.output.resolved.format(deployment=restart_deployment(wildcards).id)
 
 
 FIGURE_DIR = "results/figures"

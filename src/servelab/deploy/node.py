@@ -1,0 +1,163 @@
+"""Node identity and Spot reclamation detection (study §3.2, §5.4).
+
+A run records the identity of the GPU node and of the engine pod at its start and at its end.
+`detect_reclamation(start, end)` compares the two and names what changed. On GKE a reclaimed Spot
+VM is usually recreated by its managed instance group *under the same instance name*, so the node
+name and `spec.providerID` (`gce://project/zone/instance-name`) can survive a reclamation; the node
+object's `metadata.uid`, the GCE instance id (node annotation `container.googleapis.com/instance_id`)
+and the kernel boot id (`status.nodeInfo.bootID`) do not. All of them are compared.
+
+The identity dict holds stable identifiers only (no observation timestamps), so two observations of
+an unchanged node and pod compare equal. Keys (None when the API object does not show them):
+
+| key | from |
+|---|---|
+| `name` | node `metadata.name` |
+| `uid` | node `metadata.uid` |
+| `provider_id` | node `spec.providerID` |
+| `instance_id` | node annotation `container.googleapis.com/instance_id` (GKE) |
+| `boot_id` | node `status.nodeInfo.bootID` |
+| `spot` | true when the Spot/preemptible label is `"true"` |
+| `spot_label` | which label said so: `cloud.google.com/gke-spot` or `cloud.google.com/gke-preemptible` |
+| `instance_type` | node label `node.kubernetes.io/instance-type` |
+| `zone` | node label `topology.kubernetes.io/zone` |
+| `accelerator` | node label `cloud.google.com/gke-accelerator` |
+| `pod_name`, `pod_uid` | the engine pod's `metadata` |
+| `container_restarts` | the engine container's `restartCount` |
+
+Two further keys appear only when something is wrong at observation time, so they also make start
+and end differ: `node_gone` (the node object no longer exists) and `terminating` (the node carries
+GKE's `cloud.google.com/impending-node-termination` taint, set when a Spot VM is being preempted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "IDENTITY_KEYS",
+    "SPOT_LABELS",
+    "TERMINATION_TAINTS",
+    "detect_reclamation",
+    "node_identity",
+]
+
+SPOT_LABELS = ("cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible")
+INSTANCE_ID_ANNOTATION = "container.googleapis.com/instance_id"
+TERMINATION_TAINTS = ("cloud.google.com/impending-node-termination",)
+
+# Compared in this order; the first difference is named first in the reason.
+NODE_KEYS = ("uid", "instance_id", "boot_id", "provider_id", "name")
+POD_KEYS = ("pod_uid", "pod_name")
+IDENTITY_KEYS = (
+    "name",
+    "uid",
+    "provider_id",
+    "instance_id",
+    "boot_id",
+    "spot",
+    "spot_label",
+    "instance_type",
+    "zone",
+    "accelerator",
+    "pod_name",
+    "pod_uid",
+    "container_restarts",
+)
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """An API object as the JSON-shaped dict the API server sends (camelCase keys)."""
+    if obj is None:
+        return {}
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if hasattr(obj, "to_dict"):
+        # kubernetes client models: serialise by alias so keys match the API reference.
+        from kubernetes.client import ApiClient
+
+        return ApiClient().sanitize_for_serialization(obj)
+    raise TypeError(f"expected a Kubernetes API object or a mapping, got {type(obj).__name__}")
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    cur: Any = obj
+    for key in path:
+        if not isinstance(cur, Mapping):
+            return None
+        cur = cur.get(key)
+    return cur
+
+
+def node_identity(node: Any, pod: Any = None, *, container: str | None = None) -> dict[str, Any]:
+    """The identity of `node` (a V1Node or its JSON dict) and, if given, of the engine `pod`.
+
+    `container` names the engine container whose restart count is recorded (default: the first).
+    A `node` of None means the node object no longer exists: the result says `node_gone`.
+    """
+    ident: dict[str, Any] = dict.fromkeys(IDENTITY_KEYS)
+    n = _as_dict(node)
+    if not n:
+        ident["node_gone"] = True
+    else:
+        labels = _get(n, "metadata", "labels") or {}
+        annotations = _get(n, "metadata", "annotations") or {}
+        ident["name"] = _get(n, "metadata", "name")
+        ident["uid"] = _get(n, "metadata", "uid")
+        ident["provider_id"] = _get(n, "spec", "providerID")
+        ident["instance_id"] = annotations.get(INSTANCE_ID_ANNOTATION)
+        ident["boot_id"] = _get(n, "status", "nodeInfo", "bootID")
+        ident["spot"] = False
+        for label in SPOT_LABELS:
+            if str(labels.get(label, "")).lower() == "true":
+                ident["spot"], ident["spot_label"] = True, label
+                break
+        ident["instance_type"] = labels.get("node.kubernetes.io/instance-type")
+        ident["zone"] = labels.get("topology.kubernetes.io/zone")
+        ident["accelerator"] = labels.get("cloud.google.com/gke-accelerator")
+        taints = _get(n, "spec", "taints") or []
+        terminating = sorted(
+            {t.get("key") for t in taints if t.get("key") in TERMINATION_TAINTS} - {None}
+        )
+        if terminating:
+            ident["terminating"] = terminating[0]
+    p = _as_dict(pod)
+    if p:
+        ident["pod_name"] = _get(p, "metadata", "name")
+        ident["pod_uid"] = _get(p, "metadata", "uid")
+        statuses = _get(p, "status", "containerStatuses") or []
+        chosen = [s for s in statuses if container is None or s.get("name") == container]
+        if chosen:
+            ident["container_restarts"] = int(chosen[0].get("restartCount") or 0)
+    return ident
+
+
+def detect_reclamation(start: Mapping[str, Any], end: Mapping[str, Any]) -> str | None:
+    """Why the node or engine pod under a run changed between `start` and `end`, or None.
+
+    Only keys known at both observations are compared, so identities from backends that record
+    fewer fields (the simulator) still compare. Reasons name the field and both values.
+    """
+    if end.get("node_gone"):
+        return f"GPU node {start.get('name')!r} no longer exists at the end of the run (reclaimed)"
+    if end.get("terminating") and not start.get("terminating"):
+        return (
+            f"GPU node {end.get('name')!r} is being reclaimed "
+            f"(taint {end['terminating']} appeared during the run)"
+        )
+    changes = []
+    for key in NODE_KEYS:
+        a, b = start.get(key), end.get(key)
+        if a is not None and b is not None and a != b:
+            changes.append(f"{key} {a} -> {b}")
+    if changes:
+        return "GPU node replaced during the run: " + ", ".join(changes)
+    for key in POD_KEYS:
+        a, b = start.get(key), end.get(key)
+        if a is not None and b is not None and a != b:
+            return f"engine pod replaced during the run: {key} {a} -> {b}"
+    a, b = start.get("container_restarts"), end.get("container_restarts")
+    if a is not None and b is not None and b != a:
+        return f"engine container restarted during the run: restartCount {a} -> {b}"
+    return None

@@ -1,0 +1,336 @@
+"""The restart experiment (study §5.4 "Restart measurement", §7.5, Figure 14).
+
+`restart_timeline` deletes the serving pod of a running deployment, waits for it to terminate,
+applies the deployment again and records when the replacement was scheduled, pulled its image,
+started and became Ready. The GPU node stays provisioned throughout, so the measurement isolates
+engine initialisation from node provisioning.
+
+Mechanics: the engine Deployment is deleted first (otherwise its ReplicaSet would recreate the pod
+at once, and the new pod would wait for the GPU the old one still holds), then the pod itself;
+once the pod is gone the rendered objects are applied again.
+
+Every time comes from the cluster's clocks, never this machine's:
+
+| event | source |
+|---|---|
+| deleted | the deleted pod's `deletionTimestamp − deletionGracePeriodSeconds` (when deletion was requested) |
+| terminated | `Date` header of the first API response saying the old pod no longer exists (resolution: the poll interval, 1 s by default here) |
+| scheduled | the new pod's `Scheduled` event (`eventTime`; the scheduler uses the events.k8s.io API) or its `PodScheduled` condition |
+| pull_started, pulled | `Pulling` / `Pulled` events (kubelet, 1 s resolution); with the image already on the node there is no `Pulling` event and pull_started = pulled |
+| container_started | `Started` event, else the container's `state.running.startedAt` |
+| ready | the `Ready` condition's `lastTransitionTime` (quantised by the readiness probe: 60 s initial delay, 10 s period) |
+
+The record (written with servelab.artifacts.write_json; read by servelab.analysis.restarts):
+
+    {"engine": "vllm", "rep": "rep1", "deployment_id": ..., "backend": "kubernetes",
+     "events": {"deleted": <unix s>, "terminated": ..., "scheduled": ..., "pull_started": ...,
+                "pulled": ..., "container_started": ..., "ready": ...},
+     "events_utc": {same keys: RFC 3339}, "extra_events": {"reapplied": ..., "pod_created": ...,
+     "container_created": ...}, "phases_s": {"terminate", "schedule", "image_pull", "initialise",
+     "unmeasured", "total"}, "sources": {...}, "old_pod": {...}, "new_pod": {...},
+     "node_before": {...}, "node_after": {...}, "node_changed": <reason or null>,
+     "image_pull_message": ..., "readiness_probe": {...}}
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from servelab.artifacts import write_json
+from servelab.deploy.manifests import load_rendered
+from servelab.deploy.node import detect_reclamation
+
+if TYPE_CHECKING:
+    from servelab.deploy.kubernetes import KubernetesBackend
+
+__all__ = [
+    "RESTART_EVENTS",
+    "event_time",
+    "phases",
+    "restart_timeline",
+    "timeline_from_events",
+]
+
+log = logging.getLogger(__name__)
+
+RESTART_EVENTS = (
+    "deleted",
+    "terminated",
+    "scheduled",
+    "pull_started",
+    "pulled",
+    "container_started",
+    "ready",
+)
+
+
+def _ts(value: Any) -> float | None:
+    from servelab.deploy.kubernetes import parse_api_time
+
+    dt = parse_api_time(value)
+    return None if dt is None else dt.timestamp()
+
+
+def event_time(event: Mapping[str, Any]) -> float | None:
+    """When an event (core/v1 JSON) happened, unix seconds: `eventTime` (events.k8s.io
+    reporters such as the scheduler), else `firstTimestamp` (kubelet), else `lastTimestamp`, else
+    the event object's creation time."""
+    for value in (
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+        event.get("lastTimestamp"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        t = _ts(value)
+        if t is not None:
+            return t
+    return None
+
+
+def _first(events: Sequence[Mapping[str, Any]], reason: str) -> Mapping[str, Any] | None:
+    timed = [(event_time(e), i, e) for i, e in enumerate(events) if e.get("reason") == reason]
+    timed = [x for x in timed if x[0] is not None]
+    return min(timed, key=lambda x: (x[0], x[1]))[2] if timed else None
+
+
+def _condition_time(pod: Mapping[str, Any], kind: str) -> float | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return _ts(cond.get("lastTransitionTime"))
+    return None
+
+
+def timeline_from_events(
+    events: Sequence[Mapping[str, Any]], pod: Mapping[str, Any], container: str | None
+) -> tuple[dict[str, float], dict[str, str], dict[str, float | None], str | None]:
+    """The new pod's part of the timeline: (times, sources, extra times, Pulled message).
+
+    Raises ValueError naming the first event that cannot be found.
+    """
+    times: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    scheduled = _first(events, "Scheduled")
+    if scheduled is not None:
+        times["scheduled"], sources["scheduled"] = event_time(scheduled), "Scheduled event"  # type: ignore[assignment]
+    elif (t := _condition_time(pod, "PodScheduled")) is not None:
+        times["scheduled"], sources["scheduled"] = t, "PodScheduled condition"
+    pulled = _first(events, "Pulled")
+    pulling = _first(events, "Pulling")
+    message = pulled.get("message") if pulled is not None else None
+    if pulled is not None:
+        times["pulled"], sources["pulled"] = event_time(pulled), "Pulled event"  # type: ignore[assignment]
+        if pulling is not None:
+            times["pull_started"], sources["pull_started"] = event_time(pulling), "Pulling event"  # type: ignore[assignment]
+        else:
+            times["pull_started"] = times["pulled"]
+            sources["pull_started"] = "no Pulling event (image already on the node): = pulled"
+    started = _first(events, "Started")
+    if started is not None:
+        times["container_started"], sources["container_started"] = (
+            event_time(started),
+            "Started event",
+        )  # type: ignore[assignment]
+    else:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if container is None or status.get("name") == container:
+                running = (status.get("state") or {}).get("running") or {}
+                if (t := _ts(running.get("startedAt"))) is not None:
+                    times["container_started"] = t
+                    sources["container_started"] = "containerStatuses.state.running.startedAt"
+    if (t := _condition_time(pod, "Ready")) is not None:
+        times["ready"], sources["ready"] = t, "Ready condition lastTransitionTime"
+    for key in RESTART_EVENTS[2:]:
+        if key not in times:
+            raise ValueError(
+                f"pod {pod['metadata']['name']}: no {key} time in its events or status "
+                f"(events seen: {sorted({str(e.get('reason')) for e in events})})"
+            )
+    created = _first(events, "Created")
+    extra = {
+        "pod_created": _ts((pod.get("metadata") or {}).get("creationTimestamp")),
+        "container_created": event_time(created) if created is not None else None,
+    }
+    return times, sources, extra, message
+
+
+def phases(events: Mapping[str, float]) -> dict[str, float]:
+    """Figure 14's phases from the seven event times (seconds); `unmeasured` is what the
+    measured phases leave of the total (the same arithmetic as servelab.analysis.restarts)."""
+    out = {
+        "terminate": events["terminated"] - events["deleted"],
+        "schedule": events["scheduled"] - events["terminated"],
+        "image_pull": events["pulled"] - events["pull_started"],
+        "initialise": events["ready"] - events["container_started"],
+    }
+    total = events["ready"] - events["deleted"]
+    out["unmeasured"] = total - sum(out.values())
+    out["total"] = total
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _rep_from_path(out_json: Path) -> str | None:
+    """`.../rep2/restart.json` or `.../restart2/restart.json` -> that folder name;
+    `.../2.json` -> `rep2`; None when the path names no repetition."""
+    for part in (out_json.parent.name, out_json.stem):
+        if re.fullmatch(r"(rep|restart)\d+", part):
+            return part
+        if part.isdigit():
+            return f"rep{int(part)}"
+    return None
+
+
+def restart_timeline(
+    backend: KubernetesBackend,
+    deployment_id: str,
+    manifest_path: str | os.PathLike[str],
+    out_json: str | os.PathLike[str],
+    *,
+    rep: str | None = None,
+) -> dict[str, Any]:
+    """Run one restart of a Ready deployment and write its record to `out_json`.
+
+    `rep` defaults to what the path says (`.../rep2/restart.json`, `.../restart2/restart.json`
+    or `.../2.json`).
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    from servelab.deploy.kubernetes import KubernetesBackendError, _header_time, parse_api_time
+
+    out_path = Path(out_json)
+    rep = rep or _rep_from_path(out_path)
+    if rep is None:
+        raise ValueError(f"{out_path}: cannot tell the repetition from the path; pass rep=")
+    objects = load_rendered(manifest_path)
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    if [d["metadata"]["name"] for d in deployments] != [deployment_id]:
+        raise KubernetesBackendError(f"{manifest_path}: expected the Deployment {deployment_id}")
+    labels = deployments[0]["metadata"].get("labels") or {}
+    engine = labels.get("app.kubernetes.io/name")
+    old = backend.engine_pod(deployment_id)
+    if old is None or not _ready(old):
+        raise KubernetesBackendError(
+            f"deployment {deployment_id}: no Ready engine pod to restart (deploy it first)"
+        )
+    old_name = old["metadata"]["name"]
+    node_before = backend.node_identity(deployment_id, pod=old, container=engine)
+    ns, kw = backend.namespace, backend._kw()
+
+    # Delete the Deployment (so nothing recreates the pod), then the pod itself.
+    try:
+        backend.apps.delete_namespaced_deployment(
+            deployment_id, ns, propagation_policy="Background", **kw
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    deleted_pod: dict[str, Any] = {}
+    try:
+        deleted_pod = backend._json(backend.core.delete_namespaced_pod(old_name, ns, **kw))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    meta = deleted_pod.get("metadata") or {}
+    deletion = parse_api_time(meta.get("deletionTimestamp"))
+    if deletion is None:
+        raise KubernetesBackendError(f"pod {old_name}: the API did not report its deletion time")
+    deleted = deletion.timestamp() - float(meta.get("deletionGracePeriodSeconds") or 0)
+
+    # Wait for the old pod to be gone: the first 404 carries the server's time.
+    terminated: float | None = None
+    deadline = backend._monotonic() + backend.delete_timeout_s
+    for _ in range(backend._polls(backend.delete_timeout_s)):
+        try:
+            backend.core.read_namespaced_pod(old_name, ns, **kw)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            when = _header_time(exc.headers)
+            terminated = when.timestamp() if when else datetime.now(UTC).timestamp()
+            break
+        if backend._monotonic() >= deadline:
+            break
+        backend._sleep(backend.poll_s)
+    if terminated is None:
+        raise KubernetesBackendError(
+            f"pod {old_name}: still terminating after {backend.delete_timeout_s:.0f} s"
+        )
+    backend.wait_pods_gone(deployment_id)
+
+    # Apply again and wait for the replacement to become Ready.
+    reapplied: float | None = None
+    for obj in objects:
+        line, when = backend._apply_one(obj)
+        log.info("%s", line)
+        if obj["kind"] == "Deployment" and when is not None:
+            reapplied = when.timestamp()
+    new = backend.wait_ready(deployment_id, container=engine)
+    new_name = new["metadata"]["name"]
+    events = backend.pod_events(new_name)
+    times, sources, extra, pull_message = timeline_from_events(events, new, engine)
+    times["deleted"], sources["deleted"] = deleted, "deletionTimestamp - deletionGracePeriodSeconds"
+    times["terminated"], sources["terminated"] = (
+        terminated,
+        "Date header of the first 404 for the old pod",
+    )
+    ordered = {k: times[k] for k in RESTART_EVENTS}
+    for a, b in itertools.pairwise(RESTART_EVENTS):
+        if ordered[b] < ordered[a]:
+            raise KubernetesBackendError(
+                f"restart of {deployment_id}: {b} ({_iso(ordered[b])}) precedes {a} "
+                f"({_iso(ordered[a])}); clocks disagree"
+            )
+    node_after = backend.node_identity(deployment_id, pod=new, container=engine)
+    probe = backend.settings["readiness_probe"]
+    record = {
+        "engine": engine,
+        "rep": rep,
+        "deployment_id": deployment_id,
+        "backend": backend.name,
+        "namespace": ns,
+        "events": ordered,
+        "events_utc": {k: _iso(v) for k, v in ordered.items()},
+        "extra_events": {"reapplied": reapplied, **extra},
+        "phases_s": phases(ordered),
+        "sources": {k: sources[k] for k in RESTART_EVENTS},
+        "old_pod": {"name": old_name, "uid": old["metadata"].get("uid")},
+        "new_pod": {"name": new_name, "uid": new["metadata"].get("uid")},
+        "node_before": node_before,
+        "node_after": node_after,
+        "node_changed": detect_reclamation(
+            {
+                k: v
+                for k, v in node_before.items()
+                if not k.startswith("pod") and k != "container_restarts"
+            },
+            {
+                k: v
+                for k, v in node_after.items()
+                if not k.startswith("pod") and k != "container_restarts"
+            },
+        ),
+        "image_pull_message": pull_message,
+        "readiness_probe": {
+            "initial_delay_s": probe["initial_delay_s"],
+            "period_s": probe["period_s"],
+        },
+    }
+    write_json(out_path, record)
+    return record
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )

@@ -1,0 +1,725 @@
+"""State of the fake cluster: objects, one GPU node, and scripted engine pod lifecycles.
+
+Only what the kubernetes backend uses is modelled. Object shapes follow the Kubernetes API
+reference (v1.35): apps/v1 Deployment, v1 Service / PersistentVolumeClaim / Pod / Node / Event,
+monitoring.coreos.com/v1 PodMonitor, and metav1 Status for errors.
+
+Time is a fake clock that advances by `tick_s` each time a client *polls* pods (list, get), so a
+test's waits are deterministic and take milliseconds. Every pod transition is stamped with the
+exact time its script says (not the tick at which it was noticed), so phase durations in a
+restart record equal the scripted durations.
+
+Pod lifecycle (per `PodScript`, durations in seconds): created -> scheduled (`schedule_s` after
+creation, and never while another pod holds the node's one GPU) -> image pull (`pull_s`; None =
+image already on the node, only a `Pulled` event) -> container started (`start_s`) -> Ready
+(`ready_s`; None = never). A deleted pod is gone `terminate_s` after the request. A pod whose
+Secret is missing stays in CreateContainerConfigError. A Deployment without a live pod gets a new
+one, as its ReplicaSet would.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+START = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC).timestamp()
+GVR = {
+    "deployments": ("apps", "Deployment"),
+    "services": ("", "Service"),
+    "persistentvolumeclaims": ("", "PersistentVolumeClaim"),
+    "podmonitors": ("monitoring.coreos.com", "PodMonitor"),
+    "pods": ("", "Pod"),
+    "events": ("", "Event"),
+}
+
+
+def rfc3339(t: float) -> str:
+    """metav1.Time: whole seconds."""
+    return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro(t: float) -> str:
+    """metav1.MicroTime."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ApiError(Exception):
+    """Becomes a metav1.Status response."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+@dataclass
+class PodScript:
+    """How an engine's pods behave (seconds on the fake clock)."""
+
+    log: str
+    schedule_s: float = 1.0
+    pull_s: float | None = 3.0
+    start_s: float = 1.0
+    ready_s: float | None = 120.0
+    terminate_s: float = 5.0
+
+
+@dataclass
+class _PodState:
+    name: str
+    engine: str
+    deployment: str
+    template_hash: str
+    created: float
+    scheduled: float | None = None
+    pulling: float | None = None
+    pulled: float | None = None
+    started: float | None = None
+    ready: float | None = None
+    delete_requested: float | None = None
+    gone: float | None = None
+    blocked_secret: str | None = None
+    done: set[str] = field(default_factory=set)
+
+
+class FakeCluster:
+    """Thread-safe state behind the fake API server."""
+
+    def __init__(
+        self,
+        scripts: dict[str, PodScript],
+        *,
+        namespaces: tuple[str, ...] = ("servelab",),
+        secrets: dict[tuple[str, str], dict[str, str]] | None = None,
+        crds: bool = True,
+        tick_s: float = 1.0,
+        spot: bool = True,
+    ) -> None:
+        self.lock = threading.RLock()
+        self.scripts = scripts
+        self.namespaces = set(namespaces)
+        # (namespace, name) -> {key: value}. Held to model a missing Secret; never served.
+        self.secrets = dict(secrets or {})
+        self.crds = crds
+        self.tick_s = tick_s
+        self.now = START
+        self.requests: list[tuple[str, str]] = []
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.pods: dict[str, _PodState] = {}
+        self._rv = 1000
+        self._uid = 0
+        self._pod_counter = 0
+        self._event_counter = 0
+        self.gpu_free_since = START
+        self.node: dict[str, Any] = {}
+        self._make_node("gke-servelab-gpu-pool-6a1f0c2e-k3xz", 0, spot=spot)
+
+    # ------------------------------------------------------------------ basics
+
+    def uid(self) -> str:
+        self._uid += 1
+        digest = hashlib.sha256(f"uid-{self._uid}".encode()).hexdigest()
+        return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+    def rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def tick(self) -> None:
+        """Advance the clock one step and let controllers, scheduler and kubelet act."""
+        self.now += self.tick_s
+        self.reconcile()
+
+    def _make_node(self, name: str, generation: int, *, spot: bool) -> None:
+        instance = 4_611_686_018_427_387_904 + generation * 7919
+        self.node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "uid": self.uid(),
+                "resourceVersion": self.rv(),
+                "creationTimestamp": rfc3339(self.now),
+                "labels": {
+                    "cloud.google.com/gke-accelerator": "nvidia-l4",
+                    "cloud.google.com/gke-nodepool": "gpu-pool",
+                    "node.kubernetes.io/instance-type": "g2-standard-8",
+                    "topology.kubernetes.io/zone": "us-central1-a",
+                    "kubernetes.io/hostname": name,
+                    **({"cloud.google.com/gke-spot": "true"} if spot else {}),
+                },
+                "annotations": {"container.googleapis.com/instance_id": str(instance)},
+            },
+            "spec": {
+                "providerID": f"gce://servelab-study/us-central1-a/{name}",
+                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+            },
+            "status": {
+                "capacity": {"cpu": "8", "memory": "32880756Ki", "nvidia.com/gpu": "1"},
+                "allocatable": {"cpu": "7910m", "memory": "28455540Ki", "nvidia.com/gpu": "1"},
+                "nodeInfo": {
+                    "machineID": hashlib.md5(f"m{generation}".encode()).hexdigest(),
+                    "systemUUID": hashlib.md5(f"s{generation}".encode()).hexdigest(),
+                    "bootID": self.uid(),
+                    "kernelVersion": "6.6.72+",
+                    "osImage": "Container-Optimized OS from Google",
+                    "containerRuntimeVersion": "containerd://1.7.24",
+                    "kubeletVersion": "v1.35.0-gke.1000000",
+                    "kubeProxyVersion": "v1.35.0-gke.1000000",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "kubelet is posting ready status",
+                        "lastHeartbeatTime": rfc3339(self.now),
+                        "lastTransitionTime": rfc3339(self.now),
+                    }
+                ],
+            },
+        }
+
+    def reclaim_node(self, *, keep_name: bool = True) -> None:
+        """The Spot VM is preempted and its instance group recreates it. With `keep_name` (what a
+        GCE managed instance group does) the node keeps its name and providerID; its uid, boot id
+        and instance id change. Pods on it vanish at once."""
+        with self.lock:
+            old = self.node["metadata"]["name"]
+            gen = int(self.node["status"]["nodeInfo"]["machineID"], 16) % 1000 + 1
+            name = old if keep_name else f"gke-servelab-gpu-pool-6a1f0c2e-{gen:04d}"
+            spot = "cloud.google.com/gke-spot" in self.node["metadata"]["labels"]
+            for pod in self.pods.values():
+                if pod.gone is None and pod.scheduled is not None:
+                    pod.gone = self.now
+                    self._remove_pod(pod)
+            self.gpu_free_since = self.now
+            self._make_node(name, gen, spot=spot)
+
+    def taint_terminating(self) -> None:
+        """GKE marks a Spot node being preempted with this taint."""
+        with self.lock:
+            self.node["spec"]["taints"].append(
+                {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+            )
+
+    # ------------------------------------------------------------------ generic store
+
+    def get(self, resource: str, ns: str, name: str) -> dict[str, Any]:
+        obj = self.objects.get((resource, ns, name))
+        if obj is None:
+            raise self._not_found(resource, name)
+        return copy.deepcopy(obj)
+
+    def _not_found(self, resource: str, name: str) -> ApiError:
+        group = GVR[resource][0]
+        what = f"{resource}.{group}" if group else resource
+        return ApiError(404, "NotFound", f'{what} "{name}" not found')
+
+    def list(
+        self, resource: str, ns: str, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        wanted = _parse_selector(label_selector)
+        fields = _parse_selector(field_selector)
+        out = []
+        for (res, ons, _), obj in sorted(self.objects.items()):
+            if res != resource or ons != ns:
+                continue
+            labels = obj["metadata"].get("labels") or {}
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                continue
+            if any(_field(obj, k) != v for k, v in fields.items()):
+                continue
+            out.append(copy.deepcopy(obj))
+        return out
+
+    def create(self, resource: str, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        if ns not in self.namespaces:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+        if resource == "podmonitors" and not self.crds:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        name = body["metadata"]["name"]
+        if (resource, ns, name) in self.objects:
+            group = GVR[resource][0]
+            what = f"{resource}.{group}" if group else resource
+            raise ApiError(409, "AlreadyExists", f'{what} "{name}" already exists')
+        obj = copy.deepcopy(body)
+        meta = obj["metadata"]
+        meta.update(
+            namespace=ns,
+            uid=self.uid(),
+            resourceVersion=self.rv(),
+            creationTimestamp=rfc3339(self.now),
+        )
+        if resource == "deployments":
+            meta["generation"] = 1
+            obj["status"] = {"observedGeneration": 1, "replicas": 0}
+        if resource == "services":
+            ip = f"10.96.{len(self.objects) % 250}.{(self._uid * 7) % 250 + 2}"
+            obj["spec"]["clusterIP"], obj["spec"]["clusterIPs"] = ip, [ip]
+            obj["spec"]["ipFamilies"], obj["spec"]["ipFamilyPolicy"] = ["IPv4"], "SingleStack"
+            obj["status"] = {"loadBalancer": {}}
+        if resource == "persistentvolumeclaims":
+            obj["status"] = {"phase": "Pending"}
+        self.objects[(resource, ns, name)] = obj
+        self.reconcile()
+        return copy.deepcopy(obj)
+
+    def replace(self, resource: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        current = self.objects.get((resource, ns, name))
+        if current is None:
+            raise self._not_found(resource, name)
+        given_rv = (body.get("metadata") or {}).get("resourceVersion")
+        if given_rv and given_rv != current["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {resource} "{name}": the object has been modified',
+            )
+        if resource == "services" and body["spec"].get("clusterIP") not in (
+            None,
+            current["spec"]["clusterIP"],
+        ):
+            raise ApiError(
+                422, "Invalid", f'Service "{name}" is invalid: spec.clusterIP: field is immutable'
+            )
+        obj = copy.deepcopy(body)
+        keep = ("uid", "creationTimestamp", "namespace", "generation")
+        obj["metadata"].update(
+            {k: current["metadata"][k] for k in keep if k in current["metadata"]}
+        )
+        obj["metadata"]["resourceVersion"] = self.rv()
+        if resource == "services":
+            for key in ("clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"):
+                obj["spec"].setdefault(key, current["spec"][key])
+        if resource == "deployments":
+            changed = obj["spec"] != current["spec"]
+            obj["metadata"]["generation"] = current["metadata"]["generation"] + int(changed)
+            obj["status"] = current.get("status", {})
+        self.objects[(resource, ns, name)] = obj
+        self.reconcile()
+        return copy.deepcopy(obj)
+
+    def delete(self, resource: str, ns: str, name: str) -> dict[str, Any]:
+        if (resource, ns, name) not in self.objects:
+            raise self._not_found(resource, name)
+        if resource == "pods":
+            state = self.pods[name]
+            if state.delete_requested is None:
+                self._request_pod_deletion(state)
+            return copy.deepcopy(self.objects[(resource, ns, name)])
+        gone = self.objects.pop((resource, ns, name))
+        if resource != "deployments":
+            return gone  # services and custom objects: the API returns the deleted object
+        for state in self.pods.values():
+            if state.deployment == name and state.delete_requested is None and state.gone is None:
+                self._request_pod_deletion(state)  # the garbage collector, immediately
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": {
+                "name": name,
+                "group": "apps",
+                "kind": "deployments",
+                "uid": gone["metadata"]["uid"],
+            },
+        }
+
+    # ------------------------------------------------------------------ pods
+
+    def pod_log(self, ns: str, name: str, container: str | None, previous: bool) -> str:
+        """The container's output so far: the script's log once the container has started."""
+        self.get("pods", ns, name)  # 404 for an unknown pod
+        state = self.pods[name]
+        container = container or state.engine
+        if previous:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'previous terminated container "{container}" in pod "{name}" not found',
+            )
+        if state.started is None:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
+            )
+        lines = self.scripts[state.engine].log.splitlines(keepends=True)
+        return "".join(line for line in lines if not line.startswith("# source:"))
+
+    def _request_pod_deletion(self, state: _PodState) -> None:
+        obj = self.objects[("pods", _ns_of(self, state.name), state.name)]
+        grace = int(obj["spec"].get("terminationGracePeriodSeconds", 30))
+        state.delete_requested = self.now
+        obj["metadata"]["deletionTimestamp"] = rfc3339(self.now + grace)
+        obj["metadata"]["deletionGracePeriodSeconds"] = grace
+        obj["metadata"]["resourceVersion"] = self.rv()
+        if state.started is not None:
+            self._event(state, "Killing", f"Stopping container {state.engine}", self.now)
+
+    def _remove_pod(self, state: _PodState) -> None:
+        for key in list(self.objects):
+            if key[0] == "pods" and key[2] == state.name:
+                del self.objects[key]
+
+    def _create_pod(self, ns: str, deployment: dict[str, Any]) -> None:
+        template = deployment["spec"]["template"]
+        thash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()
+        alphabet = "bcdfghjklmnpqrstvwxz2456789"
+        rs_hash = "".join(
+            alphabet[int(thash[i : i + 2], 16) % len(alphabet)] for i in range(0, 20, 2)
+        )
+        self._pod_counter += 1
+        n = self._pod_counter * 104729
+        suffix = "".join(alphabet[(n // len(alphabet) ** i) % len(alphabet)] for i in range(5))
+        dname = deployment["metadata"]["name"]
+        name = f"{dname}-{rs_hash}-{suffix}"
+        spec = copy.deepcopy(template["spec"])
+        engine = spec["containers"][0]["name"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "generateName": f"{dname}-{rs_hash}-",
+                "namespace": ns,
+                "uid": self.uid(),
+                "resourceVersion": self.rv(),
+                "creationTimestamp": rfc3339(self.now),
+                "labels": {**template["metadata"]["labels"], "pod-template-hash": rs_hash},
+                "annotations": dict(template["metadata"].get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "ReplicaSet",
+                        "name": f"{dname}-{rs_hash}",
+                        "uid": self.uid(),
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {**spec, "restartPolicy": "Always", "schedulerName": "default-scheduler"},
+            "status": {"phase": "Pending", "qosClass": "Burstable"},
+        }
+        self.objects[("pods", ns, name)] = pod
+        state = _PodState(name, engine, dname, thash, created=self.now)
+        for env in spec["containers"][0].get("env") or []:
+            ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+            if ref and (
+                (ns, ref["name"]) not in self.secrets
+                or ref["key"] not in self.secrets[(ns, ref["name"])]
+            ):
+                state.blocked_secret = ref["name"]
+        self.pods[name] = state
+
+    def _event(
+        self, state: _PodState, reason: str, message: str, t: float, *, scheduler: bool = False
+    ) -> None:
+        self._event_counter += 1
+        ns = _ns_of(self, state.name)
+        pod = self.objects.get(("pods", ns, state.name))
+        name = f"{state.name}.{(0x181A2B3C4D5E6F70 + self._event_counter):x}"
+        event: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "uid": self.uid(),
+                "resourceVersion": self.rv(),
+                "creationTimestamp": rfc3339(t),
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": state.name,
+                "namespace": ns,
+                "uid": pod["metadata"]["uid"] if pod else None,
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Normal",
+        }
+        if scheduler:
+            # The scheduler records through events.k8s.io/v1: core/v1 shows eventTime only.
+            event.update(
+                source={},
+                eventTime=micro(t),
+                firstTimestamp=None,
+                lastTimestamp=None,
+                reportingComponent="default-scheduler",
+                reportingInstance="default-scheduler-gke",
+                action="Binding",
+            )
+        else:
+            event["involvedObject"]["fieldPath"] = f"spec.containers{{{state.engine}}}"
+            event.update(
+                source={"component": "kubelet", "host": self.node["metadata"]["name"]},
+                firstTimestamp=rfc3339(t),
+                lastTimestamp=rfc3339(t),
+                count=1,
+                eventTime=None,
+                reportingComponent="kubelet",
+                reportingInstance=self.node["metadata"]["name"],
+            )
+        if reason == "Failed":
+            event["type"] = "Warning"
+        self.objects[("events", ns, name)] = event
+
+    # ------------------------------------------------------------------ controllers
+
+    def reconcile(self) -> None:
+        """Deployment controller, scheduler and kubelet, up to the current time."""
+        for (res, ns, _name), dep in sorted(self.objects.items()):
+            if res != "deployments":
+                continue
+            dname = dep["metadata"]["name"]
+            thash = hashlib.sha256(
+                json.dumps(dep["spec"]["template"], sort_keys=True).encode()
+            ).hexdigest()
+            current = [p for p in self.pods.values() if p.deployment == dname and p.gone is None]
+            for state in current:
+                if state.template_hash != thash and state.delete_requested is None:
+                    self._request_pod_deletion(state)  # Recreate strategy: old pods go first
+            old_left = any(p.template_hash != thash for p in current)
+            active = [p for p in current if p.delete_requested is None]
+            if not active and not old_left:
+                self._create_pod(ns, dep)  # the ReplicaSet replaces a deleted or vanished pod
+        for state in sorted(self.pods.values(), key=lambda s: s.created):
+            if state.gone is None:
+                self._advance(state)
+        for (res, _ns, _name), dep in self.objects.items():
+            if res == "deployments":
+                dname = dep["metadata"]["name"]
+                pods = [p for p in self.pods.values() if p.deployment == dname and p.gone is None]
+                ready = sum(1 for p in pods if p.ready is not None and p.ready <= self.now)
+                dep["status"] = {
+                    "observedGeneration": dep["metadata"]["generation"],
+                    "replicas": len(pods),
+                    "readyReplicas": ready,
+                    "availableReplicas": ready,
+                    "updatedReplicas": len(pods),
+                }
+
+    def _gpu_holder(self, state: _PodState) -> _PodState | None:
+        for other in self.pods.values():
+            if other is not state and other.gone is None and other.scheduled is not None:
+                return other
+        return None
+
+    def _advance(self, s: _PodState) -> None:
+        script = self.scripts[s.engine]
+        ns = _ns_of(self, s.name)
+        pod = self.objects[("pods", ns, s.name)]
+        # Termination first: a pod being deleted goes nowhere else.
+        if s.delete_requested is not None:
+            due = s.delete_requested + script.terminate_s
+            if self.now >= due:
+                s.gone = due
+                self.gpu_free_since = max(self.gpu_free_since, due)
+                self._remove_pod(s)
+            return
+        if s.scheduled is None:
+            if self._gpu_holder(s) is not None:
+                if "FailedScheduling" not in s.done:
+                    s.done.add("FailedScheduling")
+                    self._event(
+                        s,
+                        "FailedScheduling",
+                        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't "
+                        "match Pod's node affinity/selector.",
+                        self.now,
+                        scheduler=True,
+                    )
+                return
+            due = max(s.created + script.schedule_s, self.gpu_free_since)
+            if self.now < due:
+                return
+            s.scheduled = due
+            pod["spec"]["nodeName"] = self.node["metadata"]["name"]
+            pod["status"]["conditions"] = [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(due)}
+            ]
+            self._event(
+                s,
+                "Scheduled",
+                f"Successfully assigned {ns}/{s.name} to {self.node['metadata']['name']}",
+                due,
+                scheduler=True,
+            )
+        image = pod["spec"]["containers"][0]["image"]
+        if s.blocked_secret is not None:
+            if "blocked" not in s.done:
+                s.done.add("blocked")
+                pod["status"]["containerStatuses"] = [
+                    _container_status(
+                        s.engine,
+                        image,
+                        ready=False,
+                        waiting=(
+                            "CreateContainerConfigError",
+                            f'secret "{s.blocked_secret}" not found',
+                        ),
+                    )
+                ]
+                self._event(
+                    s, "Failed", f'Error: secret "{s.blocked_secret}" not found', s.scheduled
+                )
+            return
+        if s.pulled is None:
+            if script.pull_s is None:
+                s.pulled = s.scheduled
+                self._event(
+                    s, "Pulled", f'Container image "{image}" already present on machine', s.pulled
+                )
+            else:
+                if s.pulling is None:
+                    s.pulling = s.scheduled
+                    self._event(s, "Pulling", f'Pulling image "{image}"', s.pulling)
+                    pod["status"]["containerStatuses"] = [
+                        _container_status(
+                            s.engine, image, ready=False, waiting=("ContainerCreating", None)
+                        )
+                    ]
+                due = s.pulling + script.pull_s
+                if self.now < due:
+                    return
+                s.pulled = due
+                self._event(
+                    s,
+                    "Pulled",
+                    f'Successfully pulled image "{image}" in {script.pull_s:.3f}s '
+                    f"({script.pull_s:.3f}s including waiting). Image size: 10212345678 bytes.",
+                    due,
+                )
+        if s.started is None:
+            due = s.pulled + script.start_s
+            if self.now < due:
+                return
+            s.started = due
+            self._event(s, "Created", f"Created container: {s.engine}", due)
+            self._event(s, "Started", f"Started container {s.engine}", due)
+            pod["status"].update(
+                phase="Running",
+                startTime=rfc3339(s.created),
+                hostIP="10.128.0.7",
+                podIP="10.12.0.9",
+                conditions=[
+                    {
+                        "type": "PodScheduled",
+                        "status": "True",
+                        "lastTransitionTime": rfc3339(s.scheduled),
+                    },
+                    {
+                        "type": "Initialized",
+                        "status": "True",
+                        "lastTransitionTime": rfc3339(s.scheduled),
+                    },
+                    {
+                        "type": "Ready",
+                        "status": "False",
+                        "reason": "ContainersNotReady",
+                        "message": f"containers with unready status: [{s.engine}]",
+                        "lastTransitionTime": rfc3339(s.scheduled),
+                    },
+                    {
+                        "type": "ContainersReady",
+                        "status": "False",
+                        "reason": "ContainersNotReady",
+                        "message": f"containers with unready status: [{s.engine}]",
+                        "lastTransitionTime": rfc3339(s.scheduled),
+                    },
+                ],
+                containerStatuses=[_container_status(s.engine, image, ready=False, running=due)],
+            )
+        if s.ready is None and script.ready_s is not None:
+            due = s.started + script.ready_s
+            if self.now < due:
+                return
+            s.ready = due
+            for cond in pod["status"]["conditions"]:
+                if cond["type"] in ("Ready", "ContainersReady"):
+                    cond.update(status="True", lastTransitionTime=rfc3339(due))
+                    cond.pop("reason", None)
+                    cond.pop("message", None)
+            pod["status"]["containerStatuses"] = [
+                _container_status(s.engine, image, ready=True, running=s.started)
+            ]
+
+
+def _container_status(
+    name: str,
+    image: str,
+    *,
+    ready: bool,
+    running: float | None = None,
+    waiting: tuple[str, str | None] | None = None,
+) -> dict[str, Any]:
+    state: dict[str, Any]
+    if running is not None:
+        state = {"running": {"startedAt": rfc3339(running)}}
+    else:
+        reason, message = waiting or ("ContainerCreating", None)
+        state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+    repo = image.split("@", 1)[0].rsplit(":", 1)[0]
+    digest = image.split("@", 1)[1] if "@" in image else "sha256:" + "0" * 64
+    return {
+        "name": name,
+        "image": image,
+        "imageID": f"docker.io/{repo}@{digest}",
+        "ready": ready,
+        "started": running is not None,
+        "restartCount": 0,
+        "state": state,
+        "lastState": {},
+        **(
+            {"containerID": f"containerd://{hashlib.sha256(name.encode()).hexdigest()}"}
+            if running
+            else {}
+        ),
+    }
+
+
+def _ns_of(cluster: FakeCluster, pod_name: str) -> str:
+    for res, ns, name in cluster.objects:
+        if res == "pods" and name == pod_name:
+            return ns
+    return next(iter(sorted(cluster.namespaces)))
+
+
+def _parse_selector(text: str) -> dict[str, str]:
+    """Equality-based selectors only (`a=b,c=d`): all the backend sends."""
+    out = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.endswith("!"):
+            raise ApiError(400, "BadRequest", f"unsupported selector {part!r} (fake server)")
+        out[key] = value.lstrip("=")
+    return out
+
+
+def _field(obj: dict[str, Any], path: str) -> Any:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return cur

@@ -1,0 +1,117 @@
+"""The workflow's render and deploy rules with `backend: kubernetes`, as a user runs them: a real
+snakemake process, the kubernetes client configured from a kubeconfig, the fake API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from fakekube import FakeCluster, PodScript, engine_log, running
+
+from servelab.config import deployment_for
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+
+def _workdir(tmp: Path) -> Path:
+    """A copy of the workflow (so no lock or output lands in the repository)."""
+    work = tmp / "work"
+    work.mkdir()
+    shutil.copy(REPO / "Snakefile", work / "Snakefile")
+    shutil.copy(REPO / "environment.yml", work / "environment.yml")  # rules name it (conda:)
+    shutil.copytree(REPO / "workflow", work / "workflow")
+    shutil.copytree(REPO / "config", work / "config", symlinks=False)
+    if (REPO / "profiles").is_dir():
+        shutil.copytree(REPO / "profiles", work / "profiles")
+    restart = work / "workflow" / "rules" / "restart.smk"
+    if "rule restart" not in restart.read_text():
+        # common.smk names rules.restart.output.record for backend: kubernetes, and the restart
+        # rule is not written yet: a stand-in, in this copy only, so the workflow parses.
+        restart.write_text(restart.read_text() + RESTART_STANDIN)
+    return work
+
+
+RESTART_STANDIN = """
+
+rule restart:
+    output:
+        record="results/restarts/{engine}/{k}/restart.json",
+    shell:
+        "false"
+"""
+
+
+@pytest.mark.slow
+def test_deploy_rule_on_the_kubernetes_backend(tmp_path: Path) -> None:
+    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    good = deployment_for(study, "defaults", "vllm", "rate-0.12")
+    bad = deployment_for(
+        study, "matched", "vllm", "rate-0.28"
+    )  # its pod will log chunked prefill off
+    work = _workdir(tmp_path)
+    sentinel = "hf_WORKFLOWsentinelTOKEN0123456789xyz"
+    cluster = FakeCluster(
+        {"vllm": PodScript(engine_log("vllm-0.6.3-defaults"))},
+        secrets={("servelab", "hf-token"): {"token": sentinel}},
+        tick_s=10.0,
+    )
+    with running(cluster) as kube:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        override = {
+            "backend": "kubernetes",
+            "kubernetes": {
+                "kubeconfig": str(kubeconfig),
+                "context": "fake",
+                "timeouts": {"ready_s": 60, "delete_s": 60, "poll_s": 0.01, "request_s": 10},
+            },
+        }
+        (work / "k8s.yaml").write_text(yaml.safe_dump(override))
+
+        # Both deployments in one snakemake process (--keep-going: the refusal does not stop
+        # the other); gpu_slots and --cores 1 run them one after the other.
+        result = subprocess.run(
+            [
+                str(SNAKEMAKE),
+                "--cores",
+                "1",
+                "--keep-going",
+                "--configfile",
+                "k8s.yaml",
+                "--",
+                f"results/deployments/{good.id}/resolved.json",
+                f"results/deployments/{bad.id}/resolved.json",
+            ],
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "HF_TOKEN": sentinel},
+        )
+    assert result.returncode != 0, "the refused deployment must fail the workflow"
+    assert (work / "results/deployments" / good.id / "resolved.json").is_file(), result.stderr[
+        -4000:
+    ]
+    resolved = json.loads((work / "results/deployments" / good.id / "resolved.json").read_text())
+    assert (resolved["chunked_prefill"], resolved["backend"]) == (False, "kubernetes")
+    log = (work / "results/deployments" / good.id / "startup.log").read_text()
+    assert "vLLM API server version dev" in log
+    assert (work / "manifests/rendered" / f"{good.id}.yaml").is_file()
+    assert not (work / "results/deployments" / bad.id / "resolved.json").exists()
+    rule_log = (work / "results/logs/deployments" / f"{bad.id}.deploy.log").read_text()
+    assert "ResolvedConfigMismatch" in rule_log and "chunked_prefill_enabled=False" in rule_log
+    # Snakemake removed the failed job's startup.log; the evidence survives beside it.
+    refused_log = work / "results/deployments" / bad.id / "startup.refused.log"
+    assert "chunked_prefill_enabled=False multi_step_stream_outputs" in refused_log.read_text()
+    # The token is in snakemake's environment and in the Secret: in no file of the workflow.
+    written = [p for p in work.rglob("*") if p.is_file() and ".snakemake" not in p.parts]
+    assert any(p.suffix == ".log" for p in written)
+    assert not [p for p in written if sentinel in p.read_text(errors="replace")]
+    # One engine at a time: whichever deployed second retired the other.
+    assert len({k[2] for k in cluster.objects if k[0] == "deployments"}) == 1
