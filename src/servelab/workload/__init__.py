@@ -1,1 +1,50 @@
-"""servelab.workload"""
+"""servelab.workload: seeded multi-agent trace compilation, validation and loading (DESIGN.md "Workload").
+
+Public API (plain-value arguments, so Snakemake scripts stay thin):
+
+- `compile_trace_files(*, condition, rep, seed, rate, sharing, prompt_tokens, duration_s, workload, tokenizer,
+  trace_path, manifest_path) -> dict`: compile, validate, write both files atomically, return the manifest.
+- `compile_from_config(config, condition, rep, *, trace_path, manifest_path) -> dict`: the same for one
+  (condition, rep) of a validated config.
+- `validate_trace(trace_path, manifest_path, *, retokenize=False) -> dict[str, bool]`: the six checks by name.
+- `check_trace(...)`: the same, raising `TraceValidationError` naming each failed check and request/graph.
+- `load_trace(trace_path, manifest_path) -> LoadedTrace`: validate, then the rows as `TraceRequest`s plus prompts.
+- `warmup_prompts(seed, n, prompt_tokens, tokenizer) -> list[(text, ids)]`: warm-up prompts sharing no prefix
+  with any trace.
+
+The graph-release logic shared by the simulator and the dispatcher is `servelab.workload.release`.
+transformers is imported only when a tokenizer is needed (compiling, warm-up prompts, `retokenize=True`).
+"""
+
+from servelab.workload.compiler import (
+    WorkloadSettings,
+    compile_from_config,
+    compile_trace,
+    compile_trace_files,
+)
+from servelab.workload.loader import LoadedTrace, Prompt, load_trace
+from servelab.workload.prompts import PromptError, warmup_prompts
+from servelab.workload.release import ReleaseTracker, TraceRequest
+from servelab.workload.tokenizer import DEFAULT_TOKENIZER, TokenizerError, load_tokenizer
+from servelab.workload.validate import CHECKS, TraceValidationError, check_trace, validate_trace
+
+__all__ = [
+    "CHECKS",
+    "DEFAULT_TOKENIZER",
+    "LoadedTrace",
+    "Prompt",
+    "PromptError",
+    "ReleaseTracker",
+    "TokenizerError",
+    "TraceRequest",
+    "TraceValidationError",
+    "WorkloadSettings",
+    "check_trace",
+    "compile_from_config",
+    "compile_trace",
+    "compile_trace_files",
+    "load_tokenizer",
+    "load_trace",
+    "validate_trace",
+    "warmup_prompts",
+]

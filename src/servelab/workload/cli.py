@@ -1,0 +1,143 @@
+"""`servelab trace compile|validate|show`: the trace compiler and validator outside Snakemake."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["register"]
+
+TRACE_FILE = "trace.parquet"
+MANIFEST_FILE = "manifest.json"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `trace` command and its subcommands."""
+    trace = subparsers.add_parser(
+        "trace", help="compile, validate and inspect seeded multi-agent traces"
+    )
+    sub = trace.add_subparsers(dest="trace_command", required=True)
+
+    comp = sub.add_parser("compile", help="compile the trace of one (condition, rep)")
+    comp.add_argument(
+        "--config", default="config/config.yaml", help="config file (default: %(default)s)"
+    )
+    comp.add_argument("--condition", required=True, help="condition id, e.g. rate-0.28")
+    comp.add_argument("--rep", required=True, help="repetition, e.g. rep1")
+    comp.add_argument("--out", help="output folder (default: results/traces/{condition}/{rep})")
+    comp.set_defaults(func=_compile)
+
+    val = sub.add_parser("validate", help="run the six validator checks; exit 1 if any fails")
+    val.add_argument("dir", help="folder holding trace.parquet and manifest.json")
+    val.add_argument(
+        "--retokenize",
+        action="store_true",
+        help="also re-encode every prompt with the manifest's tokenizer (slow)",
+    )
+    val.set_defaults(func=_validate)
+
+    show = sub.add_parser("show", help="summarise a compiled trace")
+    show.add_argument("dir", help="folder holding trace.parquet and manifest.json")
+    show.add_argument(
+        "--rows", type=int, default=8, help="how many rows to print (default: %(default)s)"
+    )
+    show.set_defaults(func=_show)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from servelab.config import load_config
+    from servelab.workload.compiler import compile_from_config
+
+    config = load_config(args.config)
+    out = Path(args.out) if args.out else Path("results/traces") / args.condition / args.rep
+    manifest = compile_from_config(
+        config,
+        args.condition,
+        args.rep,
+        trace_path=out / TRACE_FILE,
+        manifest_path=out / MANIFEST_FILE,
+    )
+    print(
+        f"{out / TRACE_FILE}: {manifest['n_requests']} requests in {manifest['n_graphs']} graphs, "
+        f"L={manifest['prompt_tokens']} F={manifest['prefix_tokens']} "
+        f"σ={manifest['achieved_sharing']:.4f}; all six checks passed"
+    )
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from servelab.workload.validate import check_results
+
+    folder = Path(args.dir)
+    results = check_results(folder / TRACE_FILE, folder / MANIFEST_FILE, args.retokenize)
+    width = max(len(name) for name in results)
+    for name, res in results.items():
+        print(f"{name:<{width}}  {'ok' if res.ok else 'FAILED: ' + res.detail}")
+    failed = [name for name, res in results.items() if not res.ok]
+    if failed:
+        print(f"{folder}: {len(failed)} check(s) failed: {', '.join(failed)}")
+        return 1
+    print(f"{folder}: all {len(results)} checks passed")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from servelab.artifacts import TRACE_SCHEMA, read_parquet, read_trace_manifest
+
+    folder = Path(args.dir)
+    manifest = read_trace_manifest(folder / MANIFEST_FILE)
+    table = read_parquet(folder / TRACE_FILE, TRACE_SCHEMA)
+    graph = table.column("graph_id").to_numpy()
+    arrival = table.column("arrival_s").to_numpy()
+    roles = table.column("role").to_pylist()
+    delay = table.column("tool_delay_s").to_numpy()
+    first = (
+        np.concatenate([[0], np.flatnonzero(np.diff(graph)) + 1])
+        if len(graph)
+        else np.empty(0, int)
+    )
+    graph_arrivals = arrival[first]
+    gaps = np.diff(np.concatenate([[0.0], graph_arrivals]))
+    worker_delays = delay[np.asarray(roles, dtype=object) == "worker"]
+    lines = [
+        f"trace      {folder / TRACE_FILE}",
+        f"condition  {manifest['condition']} {manifest['rep']}  seed {manifest['seed']}",
+        f"rate       {manifest['rate']} graphs/s over {manifest['duration_s']} s "
+        f"(offered {manifest.get('offered_load_rps', float('nan')):.3f} requests/s)",
+        f"counts     {manifest['n_graphs']} graphs, {manifest['n_requests']} requests "
+        + ", ".join(f"{r}={roles.count(r)}" for r in ("planner", "worker", "aggregator")),
+        f"prompts    L={manifest['prompt_tokens']} F={manifest.get('prefix_tokens')} "
+        f"D={manifest.get('suffix_tokens')} σ target {manifest['sharing']} achieved "
+        f"{manifest['achieved_sharing']:.6f}  tokenizer {manifest['tokenizer']}",
+        f"prefix     sha256 {manifest['prefix_sha256']}",
+    ]
+    if gaps.size:
+        cv = float(np.std(gaps, ddof=1) / np.mean(gaps)) if gaps.size > 1 else float("nan")
+        lines.append(
+            f"arrivals   first {graph_arrivals[0]:.3f} s, last {graph_arrivals[-1]:.3f} s, mean gap "
+            f"{np.mean(gaps):.3f} s (1/λ = {1 / manifest['rate']:.3f}), gap CV {cv:.3f}"
+        )
+    if worker_delays.size:
+        lines.append(
+            f"tool delay min {worker_delays.min():.3f} s, median {np.median(worker_delays):.3f} s, "
+            f"max {worker_delays.max():.3f} s"
+        )
+    lines.append("checks     " + json.dumps(manifest["checks"], sort_keys=True))
+    print("\n".join(lines))
+    n = min(max(args.rows, 0), table.num_rows)
+    if n:
+        head = table.slice(0, n).to_pylist()
+        print(
+            f"\n{'request_id':<20} {'role':<10} {'arrival_s':>10} {'tool_s':>7} {'max':>4}  depends_on / prompt"
+        )
+        for row in head:
+            deps = ",".join(row["depends_on"]) or "-"
+            text = row["prompt_text"][:40].replace("\n", " ")
+            print(
+                f"{row['request_id']:<20} {row['role']:<10} {row['arrival_s']:>10.3f} "
+                f"{row['tool_delay_s']:>7.3f} {row['max_tokens']:>4}  {deps}  {text!r}..."
+            )
+    return 0
