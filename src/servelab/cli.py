@@ -8,34 +8,34 @@ import sys
 
 from servelab import __version__
 
-# Modules that expose `register(subparsers)`; each adds its own subcommands.
-_COMMAND_MODULES = (
-    "servelab.workload.cli",
-    "servelab.engines.cli",
-    "servelab.sim.cli",
-    "servelab.dispatch.cli",
-    "servelab.analysis.cli",
-    "servelab.deploy.cli",
-)
+# Which module registers each subcommand (its `register(subparsers)` adds them). Only the module of
+# the command being run is imported, so `servelab resolve-config` does not pay for matplotlib.
+COMMANDS = {
+    "trace": "servelab.workload.cli",
+    "resolve-config": "servelab.engines.cli",
+    "sim": "servelab.sim.cli",
+    "serve-sim": "servelab.dispatch.cli",
+    "dispatch": "servelab.dispatch.cli",
+    "local": "servelab.dispatch.cli",
+    "analyze": "servelab.analysis.cli",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or only `command`'s module's when it is known."""
     parser = argparse.ArgumentParser(prog="servelab", description=__doc__)
     parser.add_argument("--version", action="version", version=f"servelab {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    for name in dict.fromkeys(modules):
+        importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
