@@ -1,0 +1,139 @@
+"""Hardware and model presets for the simulator's roofline cost model (config `gpu.name`, `model.preset`).
+
+Sources (see docs/simulator.md): GPU peak dense BF16 tensor throughput and DRAM bandwidth from the vendors'
+published specifications (the L4 figures as collected in research/engines.md part D); model dimensions from
+each model's Hugging Face `config.json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+__all__ = ["GPUS", "MODELS", "GpuPreset", "ModelPreset", "gpu_preset", "model_preset"]
+
+
+@dataclass(frozen=True)
+class GpuPreset:
+    """One GPU: what the roofline needs, plus what `nvidia-smi` reports as total memory."""
+
+    name: str
+    peak_bf16_flops: float  # dense tensor-core FLOP/s
+    mem_bandwidth: float  # DRAM bytes/s
+    memory_mib: int  # nvidia-smi memory.total
+    l2_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """Transformer dimensions (decoder-only, grouped-query attention, gated MLP)."""
+
+    name: str
+    hf_id: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    bos_token_id: int | None  # prepended by the engine's tokenizer; None if the model adds none
+    dtype_bytes: int = 2
+
+    @cached_property
+    def layer_params(self) -> int:
+        """Parameters of the transformer layers (attention projections and MLP; norms ignored)."""
+        q = self.hidden_size * self.num_heads * self.head_dim
+        kv = 2 * self.hidden_size * self.num_kv_heads * self.head_dim
+        o = self.num_heads * self.head_dim * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return self.num_layers * (q + kv + o + mlp)
+
+    @cached_property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @cached_property
+    def total_params(self) -> int:
+        """Layers + input embedding + (untied) LM head."""
+        return self.layer_params + 2 * self.embedding_params
+
+    @cached_property
+    def weight_bytes(self) -> int:
+        return self.total_params * self.dtype_bytes
+
+    @cached_property
+    def weights_gib(self) -> float:
+        return self.weight_bytes / 2**30
+
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer: 131,072 B (128 KiB) for Llama-3.1-8B in bf16."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @cached_property
+    def attn_flops_per_token_ctx(self) -> int:
+        """FLOPs of QK^T and AV for one query token against one context token, all layers."""
+        return 4 * self.num_layers * self.num_heads * self.head_dim
+
+    @property
+    def bos_tokens(self) -> int:
+        return 0 if self.bos_token_id is None else 1
+
+
+GPUS: dict[str, GpuPreset] = {
+    # NVIDIA L4 (Ada AD104): 242 TFLOPS BF16 with sparsity -> 121 dense; 300 GB/s GDDR6; 23034 MiB in nvidia-smi.
+    "L4": GpuPreset("L4", 121e12, 300e9, 23034, 48 * 2**20),
+    # A100 SXM4 80GB: 312 TFLOPS dense BF16, 2039 GB/s HBM2e.
+    "A100-80GB": GpuPreset("A100-80GB", 312e12, 2039e9, 81920, 40 * 2**20),
+    # H100 SXM5 80GB: 989 TFLOPS dense BF16, 3350 GB/s HBM3; nvidia-smi reports 81559 MiB.
+    "H100-80GB": GpuPreset("H100-80GB", 989e12, 3350e9, 81559, 50 * 2**20),
+}
+
+MODELS: dict[str, ModelPreset] = {
+    "llama-3.1-8b": ModelPreset(
+        name="llama-3.1-8b",
+        hf_id="meta-llama/Llama-3.1-8B-Instruct",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        bos_token_id=128000,
+    ),
+    "qwen2.5-7b": ModelPreset(
+        name="qwen2.5-7b",
+        hf_id="Qwen/Qwen2.5-7B-Instruct",
+        num_layers=28,
+        hidden_size=3584,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        vocab_size=152064,
+        max_position_embeddings=32768,
+        bos_token_id=None,  # Qwen2 tokenizers add no BOS token
+    ),
+}
+
+
+def gpu_preset(name: str) -> GpuPreset:
+    try:
+        return GPUS[name]
+    except KeyError:
+        raise ValueError(
+            f"gpu.name: unknown GPU preset {name!r} (known: {', '.join(GPUS)})"
+        ) from None
+
+
+def model_preset(name: str) -> ModelPreset:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(
+            f"model.preset: unknown model preset {name!r} (known: {', '.join(MODELS)})"
+        ) from None

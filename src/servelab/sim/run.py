@@ -1,0 +1,386 @@
+"""The simulator's artifact-writing API (plain-value arguments, so Snakemake scripts stay thin).
+
+- `sim_deploy(...)`: resolve an engine's configuration from its flags by the engine's own rules, derive
+  its KV capacity, write its start-up log in the engine's real format (the orchestrator then runs the
+  shared parser and gate on it) and return the `ResolvedConfig`.
+- `simulate_run_files(...)`: serve one trace on the simulated engine in virtual time and write
+  requests.parquet, scrape.parquet and run.json, exactly as a live run would.
+
+Outputs are deterministic: the same inputs give byte-identical files (virtual clock on a fixed epoch,
+no wall-clock values, fixed ordering).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from servelab.artifacts import (
+    REQUESTS_SCHEMA,
+    SCRAPE_SCHEMA,
+    write_json,
+    write_parquet,
+    write_text,
+)
+from servelab.engines import ResolvedConfig, render_startup_log, resolve
+from servelab.runrecord import build_run_record
+from servelab.sim.base import EngineModel
+from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration, CostModel
+from servelab.sim.memory import KvCapacity, sglang_kv_capacity, vllm_kv_capacity
+from servelab.sim.params import EngineParams
+from servelab.sim.presets import GpuPreset, ModelPreset, gpu_preset, model_preset
+from servelab.sim.runner import RunOutcome, WarmupRequest, run_trace
+from servelab.sim.sglang import SglangModel
+from servelab.sim.vllm import VllmModel
+from servelab.workload.loader import load_trace
+
+__all__ = [
+    "SIM_EPOCH_UNIX_S",
+    "WARMUP_MAX_TOKENS",
+    "WARMUP_PROMPT_TOKENS",
+    "SimEngine",
+    "build_engine",
+    "kv_capacity",
+    "make_warmups",
+    "node_identity",
+    "sim_deploy",
+    "simulate_run_files",
+]
+
+# Every simulated run starts at this virtual instant (2026-01-01T00:00:00Z): deterministic run.json.
+SIM_EPOCH_UNIX_S = 1_767_225_600.0
+WARMUP_PROMPT_TOKENS = 128
+WARMUP_MAX_TOKENS = 16
+FAULT_KINDS = ("reclaim", "fail")
+
+
+def kv_capacity(
+    resolved: ResolvedConfig, model: ModelPreset, gpu: GpuPreset, gpu_memory_mib: int
+) -> KvCapacity:
+    """The KV capacity the engine derives at start-up (sim.memory; docs/simulator.md)."""
+    if resolved.engine == "vllm":
+        assert resolved.max_num_seqs is not None and resolved.block_size is not None
+        return vllm_kv_capacity(
+            model,
+            gpu,
+            gpu_memory_utilization=resolved.memory_fraction,
+            max_num_batched_tokens=resolved.token_budget,
+            max_num_seqs=resolved.max_num_seqs,
+            block_size=resolved.block_size,
+            gpu_memory_mib=gpu_memory_mib,
+        )
+    return sglang_kv_capacity(
+        model, gpu, mem_fraction_static=resolved.memory_fraction, gpu_memory_mib=gpu_memory_mib
+    )
+
+
+@dataclass(frozen=True)
+class SimEngine:
+    """A configured simulated engine: resolved configuration, capacity and the stepping model."""
+
+    resolved: ResolvedConfig
+    capacity: KvCapacity
+    params: EngineParams
+    model: EngineModel
+    model_preset: ModelPreset
+    gpu: GpuPreset
+
+
+def build_engine(
+    *,
+    engine: str,
+    flags: Sequence[str],
+    gpu_name: str = "L4",
+    gpu_memory_mib: int | None = None,
+    model_preset_name: str = "llama-3.1-8b",
+    calibration: Calibration = DEFAULT_CALIBRATION,
+    track_emitted: bool = True,
+) -> SimEngine:
+    """Resolve `flags` by `engine`'s rules and build its model (also used by a real-time server)."""
+    gpu = gpu_preset(gpu_name)
+    mem = int(gpu_memory_mib if gpu_memory_mib is not None else gpu.memory_mib)
+    preset = model_preset(model_preset_name)
+    resolved = resolve(
+        engine,
+        list(flags),
+        gpu_memory_mib=mem,
+        model_max_position_embeddings=preset.max_position_embeddings,
+    )
+    cap = kv_capacity(resolved, preset, gpu, mem)
+    params = EngineParams.from_resolved(resolved, kv_capacity_tokens=cap.tokens)
+    cost = CostModel(preset, gpu, engine, calibration)
+    model: EngineModel
+    if engine == "vllm":
+        model = VllmModel(params, preset, cost, track_emitted=track_emitted)
+    else:
+        model = SglangModel(params, preset, cost, track_emitted=track_emitted)
+    return SimEngine(resolved, cap, params, model, preset, gpu)
+
+
+def _timestamp(value: datetime | str) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError as exc:
+        raise ValueError(f"timestamp: not an ISO 8601 date-time: {value!r}") from exc
+
+
+def sim_deploy(
+    *,
+    engine: str,
+    flags: Sequence[str],
+    gpu_name: str,
+    gpu_memory_mib: int,
+    model_preset: str,
+    deployment_id: str,
+    startup_log_path: str | os.PathLike[str],
+    timestamp: datetime | str,
+) -> ResolvedConfig:
+    """Resolve the configuration, derive the KV capacity, write the engine's start-up log."""
+    sim = build_engine(
+        engine=engine,
+        flags=flags,
+        gpu_name=gpu_name,
+        gpu_memory_mib=gpu_memory_mib,
+        model_preset_name=model_preset,
+    )
+    text = render_startup_log(
+        sim.resolved,
+        kv_capacity_tokens=sim.capacity.tokens,
+        weights_gib=sim.model_preset.weights_gib,
+        timestamp=_timestamp(timestamp),
+        kv_bytes_per_token=sim.model_preset.kv_bytes_per_token,
+    )
+    write_text(startup_log_path, text)
+    return sim.resolved
+
+
+def make_warmups(seed: int, n: int, avoid_first: set[int], vocab_size: int) -> list[WarmupRequest]:
+    """`n` warm-up prompts of WARMUP_PROMPT_TOKENS tokens, deterministic in `seed`, sharing no prefix
+    with the trace: their first tokens are pairwise distinct and never a trace prompt's first token.
+
+    The simulator compares token ids only for equality, so these ids behave exactly like the live
+    dispatcher's `servelab.workload.warmup_prompts` (which guarantee the same property) without loading
+    a tokenizer.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & (2**63 - 1), 0x5741524D]))
+    out: list[WarmupRequest] = []
+    used = set(avoid_first)
+    for k in range(n):
+        ids = rng.integers(1000, max(vocab_size - 1000, 2000), size=WARMUP_PROMPT_TOKENS)
+        while int(ids[0]) in used:
+            ids[0] = rng.integers(1000, max(vocab_size - 1000, 2000))
+        used.add(int(ids[0]))
+        out.append(WarmupRequest(f"warmup-{k:02d}", ids.astype(np.int64), WARMUP_MAX_TOKENS))
+    return out
+
+
+def node_identity(gpu_name: str, generation: int) -> dict[str, Any]:
+    """A deterministic stand-in for the GPU node's identity; a reclamation bumps the generation."""
+    name = f"sim-{gpu_name.lower()}-node-{generation}"
+    return {
+        "name": name,
+        "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"servelab-sim/{name}")),
+        "provider_id": f"sim://{gpu_name}/{generation}",
+        "spot": False,
+    }
+
+
+def _check_faults(faults: Sequence[Mapping[str, Any]]) -> tuple[float | None, float | None, bool]:
+    stop_at = crash_at = None
+    fail = False
+    for i, f in enumerate(faults):
+        kind = f.get("kind")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"faults[{i}].kind: {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        if kind == "reclaim":
+            if "at_s" not in f:
+                raise ValueError(f"faults[{i}].at_s: required for a reclaim fault")
+            at = float(f["at_s"])
+            if at < 0:
+                raise ValueError(f"faults[{i}].at_s: must be >= 0, got {at}")
+            stop_at = at if stop_at is None else min(stop_at, at)
+        else:
+            fail = True
+            if "at_s" in f and f["at_s"] is not None:
+                at = float(f["at_s"])
+                crash_at = at if crash_at is None else min(crash_at, at)
+    return stop_at, crash_at, fail
+
+
+def _requests_table(run_id: str, outcome: RunOutcome) -> pa.Table:
+    recs = outcome.records
+    chunk_offsets = np.zeros(len(recs) + 1, dtype=np.int32)
+    for i, r in enumerate(recs):
+        chunk_offsets[i + 1] = chunk_offsets[i] + r.chunk_times_s.shape[0]
+    times = (
+        np.concatenate([r.chunk_times_s for r in recs]) if recs else np.zeros(0, dtype=np.float64)
+    )
+    tokens = np.concatenate([r.chunk_tokens for r in recs]) if recs else np.zeros(0, dtype=np.int32)
+    offsets = pa.array(chunk_offsets, type=pa.int32())
+    return pa.table(
+        {
+            "run_id": pa.array([run_id] * len(recs), type=pa.string()),
+            "request_id": pa.array([r.request_id for r in recs], type=pa.string()),
+            "graph_id": pa.array([r.graph_id for r in recs], type=pa.int32()),
+            "role": pa.array([r.role for r in recs], type=pa.string()),
+            "warmup": pa.array([r.warmup for r in recs], type=pa.bool_()),
+            "scheduled_s": pa.array([r.scheduled_s for r in recs], type=pa.float64()),
+            "sent_s": pa.array([r.sent_s for r in recs], type=pa.float64()),
+            "chunk_times_s": pa.ListArray.from_arrays(
+                offsets, pa.array(times.astype(np.float64), type=pa.float64())
+            ),
+            "chunk_tokens": pa.ListArray.from_arrays(
+                offsets, pa.array(tokens.astype(np.int32), type=pa.int32())
+            ),
+            "prompt_tokens": pa.array([r.prompt_tokens for r in recs], type=pa.int32()),
+            "output_tokens": pa.array([r.output_tokens for r in recs], type=pa.int32()),
+            "max_tokens": pa.array([r.max_tokens for r in recs], type=pa.int32()),
+            "status": pa.array([r.status for r in recs], type=pa.string()),
+            "error": pa.array([r.error for r in recs], type=pa.string()),
+        },
+        schema=REQUESTS_SCHEMA,
+    )
+
+
+def _scrape_table(run_id: str, outcome: RunOutcome) -> pa.Table:
+    t_s: list[float] = []
+    names: list[str] = []
+    values: list[float] = []
+    for t, snap in outcome.samples:
+        for name in sorted(snap):
+            t_s.append(t)
+            names.append(name)
+            values.append(float(snap[name]))
+    return pa.table(
+        {
+            "run_id": pa.array([run_id] * len(t_s), type=pa.string()),
+            "t_s": pa.array(t_s, type=pa.float64()),
+            "source_metric": pa.array(names, type=pa.string()),
+            "value": pa.array(values, type=pa.float64()),
+        },
+        schema=SCRAPE_SCHEMA,
+    )
+
+
+def simulate_run_files(
+    *,
+    trace_path: str | os.PathLike[str],
+    manifest_path: str | os.PathLike[str],
+    arm: str,
+    engine: str,
+    condition: str,
+    rep: str,
+    flags: Sequence[str],
+    gpu_name: str,
+    gpu_memory_mib: int,
+    model_preset: str,
+    deployment_id: str,
+    warmup_requests: int,
+    request_timeout_s: float,
+    stream_interval: int,
+    telemetry_step_s: float,
+    success_threshold: float,
+    offered_load_rps: float,
+    attempt: int,
+    faults: Sequence[Mapping[str, Any]],
+    requests_path: str | os.PathLike[str],
+    scrape_path: str | os.PathLike[str],
+    run_json_path: str | os.PathLike[str],
+    calibration: Calibration = DEFAULT_CALIBRATION,
+) -> dict[str, Any]:
+    """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record."""
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval: must be >= 1, got {stream_interval}")
+    if telemetry_step_s <= 0:
+        raise ValueError(f"telemetry_step_s: must be positive, got {telemetry_step_s}")
+    if request_timeout_s <= 0:
+        raise ValueError(f"request_timeout_s: must be positive, got {request_timeout_s}")
+    if warmup_requests < 0:
+        raise ValueError(f"warmup_requests: must be >= 0, got {warmup_requests}")
+    stop_at, crash_at, fail = _check_faults(list(faults))
+    trace = load_trace(trace_path, manifest_path)
+    for key, want in (("condition", condition), ("rep", rep)):
+        if str(trace.manifest[key]) != want:
+            raise ValueError(
+                f"{manifest_path}: {key} is {trace.manifest[key]!r}, but the run is for {want!r}"
+            )
+    sim = build_engine(
+        engine=engine,
+        flags=flags,
+        gpu_name=gpu_name,
+        gpu_memory_mib=gpu_memory_mib,
+        model_preset_name=model_preset,
+        calibration=calibration,
+        track_emitted=False,
+    )
+    prompts = {rid: p.token_ids for rid, p in trace.prompts.items()}
+    first_tokens = {int(ids[0]) for ids in prompts.values() if ids.shape[0]}
+    warm = make_warmups(trace.seed, warmup_requests, first_tokens, sim.model_preset.vocab_size)
+    outcome = run_trace(
+        sim.model,
+        trace.requests,
+        prompts,
+        warmups=warm,
+        request_timeout_s=float(request_timeout_s),
+        stream_interval=int(stream_interval),
+        telemetry_step_s=float(telemetry_step_s),
+        stop_at_s=stop_at,
+        crash_at_s=crash_at,
+        crash_at_trace_start=fail and crash_at is None,
+    )
+    run_id = f"{arm}/{engine}/{condition}/{rep}"
+    requests = _requests_table(run_id, outcome)
+    scrape = _scrape_table(run_id, outcome)
+    node_start = node_identity(gpu_name, 0)
+    node_end = node_identity(gpu_name, 1 if outcome.interrupted else 0)
+    stats = sim.model.metrics()
+    extra = {
+        "trace_start_s": outcome.trace_start_s,
+        "sim": {
+            "kv_capacity": sim.capacity.to_dict(),
+            "iterations": outcome.iterations,
+            "virtual_duration_s": outcome.end_s,
+            "calibration": calibration.to_dict(),
+            "faults": [dict(f) for f in faults],
+            "engine_crashed": outcome.crashed,
+            "preemptions": int(getattr(sim.model, "num_preemptions", 0)),
+            "retractions": int(getattr(sim.model, "num_retractions", 0)),
+            "final_metrics": {k: stats[k] for k in sorted(stats)},
+            "warmup_prompt_tokens": WARMUP_PROMPT_TOKENS,
+            "warmup_max_tokens": WARMUP_MAX_TOKENS,
+        },
+        "telemetry_step_s": float(telemetry_step_s),
+    }
+    record = build_run_record(
+        arm=arm,
+        engine=engine,
+        condition=condition,
+        rep=rep,
+        seed=trace.seed,
+        trace_sha256=trace.trace_sha256,
+        backend="sim",
+        deployment_id=deployment_id,
+        resolved_config=sim.resolved.as_run_config(),
+        start_unix_s=SIM_EPOCH_UNIX_S,
+        end_unix_s=SIM_EPOCH_UNIX_S + outcome.end_s,
+        offered_load_rps=offered_load_rps,
+        requests=requests,
+        success_threshold=success_threshold,
+        attempt=attempt,
+        node={"start": node_start, "end": node_end},
+        interrupted=outcome.interrupted,
+        extra=extra,
+    )
+    write_parquet(requests_path, requests, REQUESTS_SCHEMA)
+    write_parquet(scrape_path, scrape, SCRAPE_SCHEMA)
+    write_json(run_json_path, record)
+    return record
