@@ -19,14 +19,13 @@ import os
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from servelab.artifacts import (
     REQUESTS_SCHEMA,
     SCRAPE_SCHEMA,
-    TELEMETRY_SCHEMA,
     file_sha256,
     read_json,
     read_parquet,
@@ -35,15 +34,18 @@ from servelab.artifacts import (
     write_parquet,
     write_text,
 )
-from servelab.deploy import RunRequest, get_backend
+from servelab.deploy import Backend, RunRequest, get_backend
 from servelab.engines import check_resolved, parse_startup_log
-from servelab.telemetry import canonicalize
+from servelab.runrecord import build_run_record
+from servelab.telemetry import canonicalize_files
 
 __all__ = ["deploy", "execute_run", "render_manifests"]
 
 log = logging.getLogger(__name__)
 
 RUN_FILES = ("requests.parquet", "scrape.parquet", "run.json")
+# Resolved-configuration fields copied from resolved.json into each run record.
+RESOLVED_EXTRAS = ("prefix_caching", "context_len", "schedule_policy", "version")
 MAX_RECLAMATIONS = 3
 
 
@@ -182,9 +184,8 @@ def execute_run(
         log.info("pausing %.0f s between runs", pause)
         time.sleep(pause)
 
-    record = _run_with_retries(
-        impl, settings, deployment, resolved, paths, trace_path, manifest_path
-    )
+    campaign = _Campaign(impl, settings, deployment, resolved)
+    record = campaign.run_with_retries(paths, trace_path, manifest_path)
     if record.get("reclaimed"):
         raise RuntimeError(
             f"run {paths.run_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up"
@@ -245,131 +246,132 @@ def _publish(paths: RunPaths) -> None:
         tmp.replace(target)
 
 
-def _run_with_retries(
-    impl: Any,
-    settings: Mapping[str, Any],
-    deployment: Mapping[str, Any],
-    resolved: Mapping[str, Any],
-    paths: RunPaths,
-    trace_path: str,
-    manifest_path: str,
-) -> dict[str, Any]:
-    retries = int(settings["campaign"]["retries"])
-    reclamations = 0
-    attempt = _previous_attempts(paths) + 1
-    last_attempt = max(1 + retries, attempt)
-    record: dict[str, Any] = {}
-    while attempt <= last_attempt:
-        faults = _active_faults(settings.get("faults", []), paths, attempt)
-        record = _attempt(
-            impl, settings, deployment, resolved, paths, trace_path, manifest_path, attempt, faults
-        )
-        if record["status"] == "ok":
-            return record
-        if record["status"] == "interrupted" and _was_reclaimed(record):
-            reclamations += 1
-            reason = _reclamation_reason(record)
-            log.warning(
-                "run %s: %s; discarding every repetition of the condition", paths.run_id, reason
-            )
-            repeated = _discard_condition(paths, reason, faults)
-            if reclamations >= MAX_RECLAMATIONS:
-                return {**record, "reclaimed": True}
-            # Repeat the repetitions that had completed, on the new node, before this one.
-            for sibling in repeated:
-                _rerun_sibling(
-                    impl, settings, deployment, resolved, sibling, trace_path, manifest_path
+@dataclass(frozen=True)
+class _Campaign:
+    """What every attempt of every run of one job shares: the backend, settings and deployment."""
+
+    impl: Backend
+    settings: Mapping[str, Any]
+    deployment: Mapping[str, Any]
+    resolved: Mapping[str, Any]
+
+    def run_with_retries(
+        self, paths: RunPaths, trace_path: str, manifest_path: str
+    ) -> dict[str, Any]:
+        retries = int(self.settings["campaign"]["retries"])
+        reclamations = 0
+        attempt = _previous_attempts(paths) + 1
+        last_attempt = max(1 + retries, attempt)
+        record: dict[str, Any] = {}
+        while attempt <= last_attempt:
+            faults = _active_faults(self.settings.get("faults", []), paths, attempt)
+            record = self.attempt(paths, trace_path, manifest_path, attempt, faults)
+            if record["status"] == "ok":
+                return record
+            if record["status"] == "interrupted" and _was_reclaimed(record):
+                reclamations += 1
+                reason = _reclamation_reason(record)
+                log.warning(
+                    "run %s: %s; discarding every repetition of the condition", paths.run_id, reason
                 )
-            attempt = 1
-            last_attempt = 1 + retries
-            continue
-        if attempt < last_attempt:
-            _keep_failed_attempt(paths, attempt)
-        attempt += 1
-    return record
+                repeated = _discard_condition(paths, reason, faults)
+                if reclamations >= MAX_RECLAMATIONS:
+                    return {**record, "reclaimed": True}
+                # Repeat the repetitions that had completed, on the new node, before this one.
+                for sibling in repeated:
+                    self.rerun_sibling(sibling, trace_path)
+                attempt, last_attempt = 1, 1 + retries
+                continue
+            if attempt < last_attempt:
+                _keep_failed_attempt(paths, attempt)
+            attempt += 1
+        return record
 
-
-def _attempt(
-    impl: Any,
-    settings: Mapping[str, Any],
-    deployment: Mapping[str, Any],
-    resolved: Mapping[str, Any],
-    paths: RunPaths,
-    trace_path: str,
-    manifest_path: str,
-    attempt: int,
-    faults: list[dict[str, Any]],
-) -> dict[str, Any]:
-    run_dir = paths.measured_dir
-    request = RunRequest(
-        arm=paths.arm,
-        engine=paths.engine,
-        condition=paths.condition,
-        rep=paths.rep,
-        deployment=dict(deployment),
-        resolved_config={
-            "chunked_prefill": resolved["chunked_prefill"],
-            "chunk_size": resolved["chunk_size"],
-            **{
+    def attempt(
+        self,
+        paths: RunPaths,
+        trace_path: str,
+        manifest_path: str,
+        attempt: int,
+        faults: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        out = paths.measured_dir
+        settings, resolved = self.settings, self.resolved
+        request = RunRequest(
+            arm=paths.arm,
+            engine=paths.engine,
+            condition=paths.condition,
+            rep=paths.rep,
+            deployment=dict(self.deployment),
+            resolved_config={
                 k: resolved[k]
-                for k in ("prefix_caching", "context_len", "schedule_policy", "version")
+                for k in ("chunked_prefill", "chunk_size", *RESOLVED_EXTRAS)
                 if k in resolved
             },
-        },
-        trace_path=trace_path,
-        manifest_path=manifest_path,
-        offered_load_rps=float(settings["offered_load_rps"]),
-        dispatch=dict(settings["dispatch"]),
-        telemetry=dict(settings["telemetry"]),
-        success_threshold=float(settings["campaign"]["success_threshold"]),
-        attempt=attempt,
-        faults=faults,
-        requests_path=str(run_dir / "requests.parquet"),
-        scrape_path=str(run_dir / "scrape.parquet"),
-        run_json_path=str(run_dir / "run.json"),
-    )
-    log.info("run %s: attempt %d on backend %s", paths.run_id, attempt, impl.name)
-    try:
-        return impl.run(request)
-    except Exception as exc:  # the engine or the backend broke: recorded, and retried
-        log.exception("run %s: attempt %d raised", paths.run_id, attempt)
-        return _write_crash_record(request, paths, exc)
+            trace_path=trace_path,
+            manifest_path=manifest_path,
+            offered_load_rps=float(settings["offered_load_rps"]),
+            dispatch=dict(settings["dispatch"]),
+            telemetry=dict(settings["telemetry"]),
+            success_threshold=float(settings["campaign"]["success_threshold"]),
+            attempt=attempt,
+            faults=faults,
+            requests_path=str(out / "requests.parquet"),
+            scrape_path=str(out / "scrape.parquet"),
+            run_json_path=str(out / "run.json"),
+        )
+        log.info("run %s: attempt %d on backend %s", paths.run_id, attempt, self.impl.name)
+        try:
+            return self.impl.run(request)
+        except Exception as exc:  # the engine or the backend broke: recorded, and retried
+            log.exception("run %s: attempt %d raised", paths.run_id, attempt)
+            return self.crash_record(request, out, exc)
 
+    def crash_record(self, request: RunRequest, out: Path, exc: Exception) -> dict[str, Any]:
+        """A backend that raised still leaves a complete (failed) record, so nothing is lost."""
+        if not (out / "requests.parquet").is_file():
+            write_parquet(out / "requests.parquet", REQUESTS_SCHEMA.empty_table())
+        if not (out / "scrape.parquet").is_file():
+            write_parquet(out / "scrape.parquet", SCRAPE_SCHEMA.empty_table())
+        now = time.time()
+        record = build_run_record(
+            arm=request.arm,
+            engine=request.engine,
+            condition=request.condition,
+            rep=request.rep,
+            seed=int(read_json(request.manifest_path).get("seed", 0)),
+            trace_sha256=file_sha256(request.trace_path),
+            backend=self.impl.name,
+            deployment_id=request.deployment["deployment_id"],
+            resolved_config=request.resolved_config,
+            start_unix_s=now,
+            end_unix_s=now,
+            offered_load_rps=request.offered_load_rps,
+            requests=read_parquet(out / "requests.parquet", REQUESTS_SCHEMA),
+            success_threshold=request.success_threshold,
+            attempt=request.attempt,
+            node={},
+            extra={"error": f"{type(exc).__name__}: {exc}"},
+        )
+        record["status"] = "failed"
+        write_json(out / "run.json", record)
+        return record
 
-def _write_crash_record(request: RunRequest, paths: RunPaths, exc: Exception) -> dict[str, Any]:
-    """A backend that raised still leaves a complete (failed) record, so nothing is lost."""
-    from servelab.runrecord import build_run_record
-
-    run_dir = paths.measured_dir
-    manifest = read_json(request.manifest_path)
-    if not (run_dir / "requests.parquet").is_file():
-        write_parquet(run_dir / "requests.parquet", REQUESTS_SCHEMA.empty_table())
-    if not (run_dir / "scrape.parquet").is_file():
-        write_parquet(run_dir / "scrape.parquet", SCRAPE_SCHEMA.empty_table())
-    requests = read_parquet(run_dir / "requests.parquet", REQUESTS_SCHEMA)
-    now = time.time()
-    record = build_run_record(
-        arm=paths.arm,
-        engine=paths.engine,
-        condition=paths.condition,
-        rep=paths.rep,
-        seed=int(manifest.get("seed", 0)),
-        trace_sha256="",
-        backend=request.deployment.get("backend", "unknown"),
-        deployment_id=request.deployment["deployment_id"],
-        resolved_config=request.resolved_config,
-        start_unix_s=now,
-        end_unix_s=now,
-        offered_load_rps=request.offered_load_rps,
-        requests=requests,
-        success_threshold=request.success_threshold,
-        attempt=request.attempt,
-        node={},
-        extra={"error": f"{type(exc).__name__}: {exc}"},
-    )
-    record["status"] = "failed"
-    write_json(run_dir / "run.json", record)
-    return record
+    def rerun_sibling(self, sibling: RunPaths, trace_path: str) -> None:
+        """Repeat a completed sibling repetition on the new node, including its telemetry table."""
+        trace_dir = Path(trace_path).parent.parent / sibling.rep
+        sibling_trace = str(trace_dir / "trace.parquet")
+        campaign = replace(self, settings={**self.settings, "rep": sibling.rep, "faults": []})
+        record = campaign.run_with_retries(sibling, sibling_trace, str(trace_dir / "manifest.json"))
+        _seal(sibling, _measurement_key(campaign.settings, self.deployment, sibling_trace))
+        canonicalize_files(
+            engine=sibling.engine,
+            step_s=float(self.settings["telemetry"]["step_s"]),
+            scrape_path=str(sibling.run_dir / "scrape.parquet"),
+            run_json_path=str(sibling.run_dir / "run.json"),
+            telemetry_path=str(sibling.run_dir / "telemetry.parquet"),
+        )
+        log.info("repeated %s after reclamation: status %s", sibling.run_id, record["status"])
 
 
 def _previous_attempts(paths: RunPaths) -> int:
@@ -463,44 +465,6 @@ def _discard_condition(
     )
     write_text(target / "REASON.txt", f"{reason}\ninterrupted run: {paths.run_id}\n")
     return completed
-
-
-def _rerun_sibling(
-    impl: Any,
-    settings: Mapping[str, Any],
-    deployment: Mapping[str, Any],
-    resolved: Mapping[str, Any],
-    sibling: RunPaths,
-    trace_path: str,
-    manifest_path: str,
-) -> None:
-    """Repeat a completed sibling repetition on the new node, including its telemetry table."""
-    trace_dir = Path(trace_path).parent.parent / sibling.rep
-    sibling_trace = str(trace_dir / "trace.parquet")
-    sibling_settings = {**settings, "rep": sibling.rep, "faults": []}
-    record = _run_with_retries(
-        impl,
-        sibling_settings,
-        deployment,
-        resolved,
-        sibling,
-        sibling_trace,
-        str(trace_dir / "manifest.json"),
-    )
-    _seal(sibling, _measurement_key(sibling_settings, deployment, sibling_trace))
-    run = read_run_json(sibling.run_dir / "run.json")
-    scrape = read_parquet(sibling.run_dir / "scrape.parquet", SCRAPE_SCHEMA)
-    table = canonicalize(
-        scrape,
-        engine=sibling.engine,
-        run_id=run["run_id"],
-        duration_s=float(run["end_unix_s"]) - float(run["start_unix_s"]),
-        step_s=float(settings["telemetry"]["step_s"]),
-        what=str(sibling.run_dir / "scrape.parquet"),
-        require_full_window=run["status"] == "ok",
-    )
-    write_parquet(sibling.run_dir / "telemetry.parquet", table, TELEMETRY_SCHEMA)
-    log.info("repeated %s after reclamation: status %s", sibling.run_id, record["status"])
 
 
 def restart_experiment(
