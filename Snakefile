@@ -24,3 +24,11 @@ rule all:
         figures=rules.figures.output.figures,
         numbers=rules.numbers.output.numbers,
         checksums=rules.checksums.output.checksums,
+
+
+onsuccess:
+    stop_local_backend()
+
+
+onerror:
+    stop_local_backend()

@@ -279,3 +279,15 @@ def all_tables():
         rules.table5.output.csv,
         rules.table6.output.csv,
     ]
+
+
+# ----------------------------------------------------------------------------- handlers
+
+
+def stop_local_backend():
+    """The local backend's sim servers and Prometheus outlive their jobs; stop them at the end."""
+    if config["backend"] == "local":
+        from servelab.deploy.local import stop_all
+
+        for stopped in stop_all("results"):
+            print(f"stopped {stopped}")

@@ -1,0 +1,177 @@
+"""Dispatcher benchmark: schedule lag, client CPU and measured vs true ITL against the live sim server.
+
+Starts `servelab serve-sim --cost-model constant` (fixed TTFT and ITL, unlimited batching, so the
+server's true inter-token latency is known) in a separate process, then replays an open-loop trace
+of independent requests (uniform spacing at R requests/s, 128-token streams, short token-id prompts)
+through servelab's dispatcher, and prints per rate: schedule lag (median, p99, max), the client's
+CPU time per wall second, the server's achieved decode-iteration length ("true ITL") and the
+measured ITL (per-request mean inter-chunk gap; median and p99 over requests, and the median of
+individual gaps). Then searches upward for the highest rate whose measured median ITL stays within
+10% of the true ITL: both the median over requests of each request's mean inter-chunk gap and
+the median of all individual gaps (which exposes a client that reads its streams in bursts).
+
+Usage: .venv/bin/python benchmarks/dispatcher/bench.py [--rates 20 50] [--duration 20] [--search]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+
+from servelab.dispatch.client import Dispatcher
+from servelab.dispatch.parallel import run_parallel
+from servelab.workload.release import TraceRequest
+
+SEARCH_RATES = (20.0, 30.0, 40.0, 50.0, 60.0, 75.0, 100.0, 150.0)
+
+
+def within(measured: float, true: float, tolerance: float = 0.10) -> bool:
+    return abs(measured / true - 1.0) <= tolerance
+
+
+def start_server(engine: str, itl_ms: float, port: int) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "servelab.cli",
+        "serve-sim",
+        "--engine",
+        engine,
+        "--flags=--model=bench",
+        "--port",
+        str(port),
+        "--cost-model",
+        "constant",
+        "--constant-itl-ms",
+        str(itl_ms),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+def count_the(texts: list[str]) -> list[int]:
+    """Tokens per chunk: the constant server's text is " the" per token."""
+    return [t.count(" the") for t in texts]
+
+
+def run_rate(url: str, rate: float, duration: float, max_tokens: int, workers: int = 1) -> dict:
+    n = int(rate * duration)
+    trace = [
+        TraceRequest(f"r{i:06d}", i, "planner", i / rate, (), 0.0, max_tokens) for i in range(n)
+    ]
+    prompts = {r.request_id: list(range(1000, 1032)) for r in trace}
+    stats0 = httpx.get(f"{url}/servelab/stats").json()
+    options = dict(
+        base_url=url,
+        model="bench",
+        trace=trace,
+        prompts=prompts,
+        warmup=(),
+        request_timeout_s=60,
+        pool=max(64, int(rate * 10)),
+        progress_interval_s=1e9,
+        count_tokens=count_the,
+    )
+    wall0 = time.perf_counter()
+    res = run_parallel(**options, workers=workers) if workers > 1 else Dispatcher(**options).run()
+    wall = time.perf_counter() - wall0
+    stats1 = httpx.get(f"{url}/servelab/stats").json()
+    true_itl = (stats1["busy_interval_s"] - stats0["busy_interval_s"]) / (
+        stats1["busy_intervals"] - stats0["busy_intervals"]
+    )
+    recs = [r for r in res.records if r.status == "ok"]
+    lags = np.array([r.sent_s - r.scheduled_s for r in res.records if r.sent_s is not None])
+    per_req = np.array(
+        [
+            (r.chunk_times_s[-1] - r.chunk_times_s[1]) / (len(r.chunk_times_s) - 2)
+            for r in recs
+            if len(r.chunk_times_s) > 2
+        ]
+    )
+    gaps = np.concatenate([np.diff(r.chunk_times_s[1:]) for r in recs if len(r.chunk_times_s) > 2])
+    return {
+        "rate_rps": rate,
+        "workers": workers,
+        "requests": n,
+        "ok": len(recs),
+        "lag_median_ms": float(np.median(lags) * 1e3),
+        "lag_p99_ms": float(np.percentile(lags, 99) * 1e3),
+        "lag_max_ms": float(lags.max() * 1e3),
+        "send_overhead_median_ms": round(res.send_overhead_s["median"] * 1e3, 3),
+        "send_overhead_p99_ms": round(res.send_overhead_s["p99"] * 1e3, 3),
+        "client_cpu_s": round(res.client_cpu_s, 2),
+        "client_cpu_per_wall_s": round(res.client_cpu_s / res.duration_s, 3),
+        "wall_s": round(wall, 1),
+        "true_itl_ms": round(true_itl * 1e3, 3),
+        "measured_itl_median_ms": round(float(np.median(per_req)) * 1e3, 3),
+        "measured_itl_p99_ms": round(float(np.percentile(per_req, 99)) * 1e3, 3),
+        "gap_median_ms": round(float(np.median(gaps)) * 1e3, 3),
+        "gap_p99_ms": round(float(np.percentile(gaps, 99)) * 1e3, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
+    ap.add_argument("--rates", type=float, nargs="*", default=[20.0, 50.0])
+    ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--itl-ms", type=float, default=20.0)
+    ap.add_argument("--workers", type=int, default=1, help="dispatch processes")
+    ap.add_argument("--search", action="store_true", help="find the highest rate within 10% ITL")
+    ap.add_argument("--port", type=int, default=18931)
+    args = ap.parse_args()
+    print(
+        json.dumps(
+            {"nproc": os.cpu_count(), "python": sys.version.split()[0], "loadavg": os.getloadavg()}
+        )
+    )
+    proc = start_server(args.engine, args.itl_ms, args.port)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        for rate in args.rates:
+            print(
+                json.dumps(
+                    {
+                        **run_rate(url, rate, args.duration, args.max_tokens, args.workers),
+                        "loadavg_1m": os.getloadavg()[0],
+                    }
+                ),
+                flush=True,
+            )
+        if args.search:
+            best = None
+            for rate in SEARCH_RATES:  # bounded: stops at the first rate that misses
+                r = run_rate(url, rate, args.duration, args.max_tokens, args.workers)
+                ok = within(r["measured_itl_median_ms"], r["true_itl_ms"]) and within(
+                    r["gap_median_ms"], r["true_itl_ms"]
+                )
+                print(
+                    json.dumps({**r, "within_10pct": ok, "loadavg_1m": os.getloadavg()[0]}),
+                    flush=True,
+                )
+                if not ok:
+                    break
+                best = rate
+            print(json.dumps({"highest_rate_within_10pct": best}))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()

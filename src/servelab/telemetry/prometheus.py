@@ -1,0 +1,209 @@
+"""A run's engine-metric window from Prometheus (HTTP API `query_range`), as scrape.parquet.
+
+For each of the engine's source metrics (servelab.engines.METRIC_MAP) one range query over the
+run's window [start, end] at the configured step; samples are kept under the engine's own metric
+name with `t_s` in seconds from the run start (artifacts.SCRAPE_SCHEMA), the same raw form the
+simulator writes, so one canonical mapping (telemetry.canonicalize) serves every backend.
+
+A missing or partial window is an error (TelemetryWindowError), never an empty table: the pulled
+samples are checked with the same coverage rule the telemetry stage applies. Requests are retried
+a bounded number of times on connection errors and 5xx answers.
+
+The PromQL text lives here only (`promql_queries`); tests keep golden copies of what it generates.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import pyarrow as pa
+
+from servelab.artifacts import SCRAPE_SCHEMA, write_parquet
+from servelab.engines.metrics import METRIC_MAP
+from servelab.telemetry.canonical import TelemetryWindowError, canonicalize
+
+__all__ = [
+    "PrometheusError",
+    "promql_queries",
+    "pull_scrape_files",
+    "pull_window",
+    "query_range",
+]
+
+log = logging.getLogger(__name__)
+
+# One series per metric and run: `max` folds the (normally single) series a selector matches, so a
+# series split by a label change (e.g. a restarted server) is never counted twice.
+QUERY_TEMPLATE = "max({metric}{{{matchers}}})"
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus did not answer a query usefully (after retries); the message names the query."""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def promql_queries(engine: str, selector: Mapping[str, str]) -> dict[str, str]:
+    """The range query for each of `engine`'s source metrics, restricted by label `selector`."""
+    if engine not in METRIC_MAP:
+        raise ValueError(
+            f"unknown engine {engine!r}; expected one of {', '.join(sorted(METRIC_MAP))}"
+        )
+    if not selector:
+        raise ValueError("a label selector is required (e.g. the deployment label)")
+    matchers = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(selector.items()))
+    sources = sorted({s for s in METRIC_MAP[engine].values() if s is not None})
+    return {source: QUERY_TEMPLATE.format(metric=source, matchers=matchers) for source in sources}
+
+
+def query_range(
+    client: httpx.Client,
+    query: str,
+    *,
+    start_unix_s: float,
+    end_unix_s: float,
+    step_s: float,
+    retries: int = 3,
+    backoff_s: float = 0.5,
+) -> list[tuple[float, float]]:
+    """(timestamp, value) pairs of `query` over [start, end] at `step_s`; bounded retries."""
+    params = {
+        "query": query,
+        "start": f"{start_unix_s:.3f}",
+        "end": f"{end_unix_s:.3f}",
+        "step": f"{step_s:g}",
+    }
+    last = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        try:
+            resp = client.get("/api/v1/query_range", params=params)
+        except httpx.TransportError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+            continue
+        if resp.status_code >= 500:
+            last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            continue
+        try:
+            body = resp.json()
+        except ValueError:
+            raise PrometheusError(f"query {query!r}: HTTP {resp.status_code}, not JSON") from None
+        if resp.status_code != 200 or body.get("status") != "success":
+            raise PrometheusError(
+                f"query {query!r}: HTTP {resp.status_code} {body.get('errorType', '')}: "
+                f"{body.get('error', resp.text[:200])}"
+            )
+        result = body["data"]["result"]
+        if body["data"].get("resultType") != "matrix":
+            raise PrometheusError(
+                f"query {query!r}: expected a matrix, got {body['data'].get('resultType')}"
+            )
+        if len(result) > 1:
+            raise PrometheusError(f"query {query!r}: {len(result)} series, expected one")
+        return [(float(ts), float(value)) for ts, value in (result[0]["values"] if result else [])]
+    raise PrometheusError(f"query {query!r}: no answer after {retries + 1} attempts ({last})")
+
+
+def pull_window(
+    *,
+    prometheus_url: str,
+    engine: str,
+    selector: Mapping[str, str],
+    run_id: str,
+    start_unix_s: float,
+    end_unix_s: float,
+    step_s: float,
+    require_full_window: bool = True,
+    retries: int = 3,
+    backoff_s: float = 0.5,
+    timeout_s: float = 30.0,
+) -> pa.Table:
+    """The run's raw samples (SCRAPE_SCHEMA). With `require_full_window`, every series must cover
+    the window (one missed step allowed at either end and between samples) or this raises
+    TelemetryWindowError naming the series."""
+    if end_unix_s <= start_unix_s:
+        raise ValueError(f"run {run_id}: empty window {start_unix_s}..{end_unix_s}")
+    if step_s <= 0:
+        raise ValueError(f"run {run_id}: step must be positive, got {step_s}")
+    columns: dict[str, list[Any]] = {name: [] for name in SCRAPE_SCHEMA.names}
+    queries = promql_queries(engine, selector)
+    with httpx.Client(base_url=prometheus_url.rstrip("/"), timeout=timeout_s) as client:
+        for source, query in queries.items():
+            points = query_range(
+                client,
+                query,
+                start_unix_s=start_unix_s,
+                end_unix_s=end_unix_s,
+                step_s=step_s,
+                retries=retries,
+                backoff_s=backoff_s,
+            )
+            for ts, value in points:
+                columns["run_id"].append(run_id)
+                columns["t_s"].append(round(ts - start_unix_s, 6))
+                columns["source_metric"].append(source)
+                columns["value"].append(value)
+    table = pa.table(columns, schema=SCRAPE_SCHEMA)
+    what = f"Prometheus {prometheus_url} window of run {run_id}"
+    if table.num_rows == 0:
+        raise TelemetryWindowError(f"{what}: no samples for selector {dict(selector)}")
+    if require_full_window:
+        canonicalize(
+            table,
+            engine=engine,
+            run_id=run_id,
+            duration_s=end_unix_s - start_unix_s,
+            step_s=step_s,
+            what=what,
+            require_full_window=True,
+        )
+    return table
+
+
+def pull_scrape_files(
+    *,
+    prometheus_url: str,
+    engine: str,
+    selector: Mapping[str, str],
+    run_id: str,
+    start_unix_s: float,
+    end_unix_s: float,
+    step_s: float,
+    scrape_path: str | os.PathLike[str],
+    require_full_window: bool = True,
+    settle_s: float = 0.0,
+    retries: int = 3,
+) -> pa.Table:
+    """`pull_window`, then write scrape.parquet atomically. `settle_s`: wait until that long after
+    the window's end first (at most `settle_s`), so Prometheus has scraped the last interval."""
+    wait = min(settle_s, end_unix_s + settle_s - time.time())  # never more than settle_s
+    if wait > 0:
+        time.sleep(wait)
+    table = pull_window(
+        prometheus_url=prometheus_url,
+        engine=engine,
+        selector=selector,
+        run_id=run_id,
+        start_unix_s=start_unix_s,
+        end_unix_s=end_unix_s,
+        step_s=step_s,
+        require_full_window=require_full_window,
+        retries=retries,
+    )
+    write_parquet(scrape_path, table, SCRAPE_SCHEMA)
+    log.info(
+        "%s: %d samples of %d series from %s",
+        scrape_path,
+        table.num_rows,
+        len(set(table.column("source_metric").to_pylist())),
+        prometheus_url,
+    )
+    return table

@@ -1,0 +1,268 @@
+"""The local backend end to end: the sim server live on 127.0.0.1, a real Prometheus, the real
+dispatcher, through the same campaign functions the Snakemake rules call.
+
+Needs the `prometheus` binary (Debian package `prometheus`; .ci/run installs it). Every process
+started here is stopped by the module fixture, which then checks none is left.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from servelab import campaign
+from servelab import config as grid
+from servelab.analysis import load_runs
+from servelab.artifacts import read_parquet, read_run_json
+from servelab.deploy import RunRequest
+from servelab.deploy.local import LocalBackend, _alive, _read_state, prometheus_binary, stop_all
+from servelab.engines.metrics import canonical_metrics
+from servelab.telemetry import canonicalize_files
+from servelab.workload import compile_trace_files
+
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        prometheus_binary() is None,
+        reason="the prometheus binary is not installed (apt-get install -y prometheus; "
+        ".ci/run installs it)",
+    ),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+CONDITION = "rate-0.50"
+
+
+@pytest.fixture(scope="module")
+def study() -> dict:
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    cfg["dispatch"].update(warmup_requests=4, health_timeout_s=60)
+    cfg["campaign"].update(retries=0, pause_between_runs_s=0)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, study: dict) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("results")
+    # short outputs keep each graph to a few seconds on the simulated L4
+    workload = {**study["workload"], "max_tokens": {"planner": 32, "worker": 32, "aggregator": 64}}
+    for rep, duration in (("rep1", 15.0), ("rep2", 5.0)):
+        out = root / "traces" / CONDITION / rep
+        compile_trace_files(
+            condition=CONDITION,
+            rep=rep,
+            seed=grid.trace_seed(1, CONDITION, rep),
+            rate=0.5,
+            sharing=0.9,
+            prompt_tokens=512,
+            duration_s=duration,
+            workload=workload,
+            tokenizer=study["tokenizer"],
+            trace_path=out / "trace.parquet",
+            manifest_path=out / "manifest.json",
+        )
+    yield root
+    stop_all(root)
+    leftovers = [
+        p
+        for p in root.glob("deployments/*/local.json")
+        if _alive(_read_state(p)["pid"], _read_state(p)["instance_id"])
+    ]
+    prom = _read_state(root / "deployments" / "_prometheus" / "prometheus.json")
+    assert not leftovers, leftovers
+    assert prom is None or not _alive(prom["pid"], "prometheus.yml")
+
+
+def deployment(study: dict, engine: str) -> dict:
+    d = grid.deployment_for(study, "defaults", engine, CONDITION)
+    return {
+        "deployment_id": d.id,
+        "arm": "defaults",
+        "engine": engine,
+        "flags": list(d.flags),
+        "image": study["engines"][engine]["image"],
+        "port": study["engines"][engine]["port"],
+        "expect_chunked_prefill": d.expect_chunked_prefill,
+        "expect_chunk_size": d.expect_chunk_size,
+    }
+
+
+def deploy(root: Path, study: dict, engine: str, backend: str) -> dict:
+    dep = deployment(study, engine)
+    folder = root / "deployments" / dep["deployment_id"]
+    return campaign.deploy(
+        deployment=dep,
+        backend=backend,
+        gpu=study["gpu"],
+        model=study["model"],
+        kubernetes={},
+        manifest_path=str(root / "unused.yaml"),
+        startup_log_path=str(folder / "startup.log"),
+        resolved_path=str(folder / "resolved.json"),
+    )
+
+
+def settings(study: dict, engine: str, rep: str, backend: str) -> dict:
+    return {
+        "backend": backend,
+        "arm": "defaults",
+        "engine": engine,
+        "condition": CONDITION,
+        "rep": rep,
+        "offered_load_rps": 3.0,
+        "gpu": study["gpu"],
+        "model": study["model"],
+        "dispatch": study["dispatch"],
+        "campaign": study["campaign"],
+        "telemetry": study["telemetry"],
+        "faults": [],
+        "kubernetes": {},
+    }
+
+
+def execute(root: Path, study: dict, engine: str, backend: str, rep: str = "rep1") -> Path:
+    dep = deployment(study, engine)
+    run_dir = root / "runs" / "defaults" / engine / CONDITION / rep
+    traces = root / "traces" / CONDITION / rep
+    campaign.execute_run(
+        settings=settings(study, engine, rep, backend),
+        deployment=dep,
+        results_dir=str(root),
+        trace_path=str(traces / "trace.parquet"),
+        manifest_path=str(traces / "manifest.json"),
+        resolved_path=str(root / "deployments" / dep["deployment_id"] / "resolved.json"),
+        requests_path=str(run_dir / "requests.parquet"),
+        scrape_path=str(run_dir / "scrape.parquet"),
+        run_json_path=str(run_dir / "run.json"),
+    )
+    canonicalize_files(
+        engine=engine,
+        step_s=study["telemetry"]["step_s"],
+        scrape_path=str(run_dir / "scrape.parquet"),
+        run_json_path=str(run_dir / "run.json"),
+        telemetry_path=str(run_dir / "telemetry.parquet"),
+    )
+    return run_dir
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_local_run_matches_the_sim_backend_and_passes_the_analysis(
+    engine: str, results: Path, study: dict, tmp_path: Path
+) -> None:
+    resolved = deploy(results, study, engine, "local")  # the shared parser + gate on its log
+    assert resolved["backend"] == "local"
+    run_dir = execute(results, study, engine, "local")
+    record = read_run_json(run_dir / "run.json")
+    assert record["status"] == "ok", record
+    assert record["backend"] == "local"
+    assert record["n_ok"] == record["n_sent"] > 12
+    assert record["node"]["start"] == record["node"]["end"]
+    lag = record["dispatcher_lag_s"]
+    assert 0.0 <= lag["median"] <= lag["p99"] <= lag["max"] < 1.0
+
+    # the same schemas as the sim backend writes for the same run
+    sim_root = tmp_path / "sim"
+    (sim_root / "traces").mkdir(parents=True)
+    (sim_root / "traces" / CONDITION).symlink_to(results / "traces" / CONDITION)
+    deploy(sim_root, study, engine, "sim")
+    sim_dir = execute(sim_root, study, engine, "sim")
+    for name in ("requests.parquet", "scrape.parquet", "telemetry.parquet"):
+        assert pq.read_schema(run_dir / name) == pq.read_schema(sim_dir / name), name
+    sim_record = read_run_json(sim_dir / "run.json")
+    assert set(sim_record) - set(record) == {"telemetry_step_s", "sim"} & set(sim_record)
+
+    # Prometheus covered the whole window with every series the engine exports
+    telemetry = read_parquet(
+        run_dir / "telemetry.parquet", __import__("servelab.artifacts").artifacts.TELEMETRY_SCHEMA
+    )
+    assert set(telemetry.column("metric").to_pylist()) == set(canonical_metrics(engine))
+    generated = [
+        v
+        for m, v in zip(
+            telemetry.column("metric").to_pylist(),
+            telemetry.column("value").to_pylist(),
+            strict=True,
+        )
+        if m == "generation_tokens_total"
+    ]
+    assert max(generated) > 0
+
+    # the analysis reads it like any other run
+    runs = load_runs([run_dir])
+    assert runs.parsed == 1 and not runs.skipped and runs.backend == "local"
+    metrics = next(iter(runs.runs.values())).metrics
+    assert metrics.ttft_p50 > 0 and metrics.tpot_p50 > 0 and metrics.throughput > 0
+    assert math.isfinite(next(iter(runs.runs.values())).kv_peak)
+
+
+def run_request(root: Path, study: dict, engine: str, rep: str, faults: list[dict]) -> RunRequest:
+    dep = deployment(study, engine)
+    run_dir = root / "runs" / "defaults" / engine / CONDITION / rep
+    traces = root / "traces" / CONDITION / rep
+    return RunRequest(
+        arm="defaults",
+        engine=engine,
+        condition=CONDITION,
+        rep=rep,
+        deployment=dep,
+        resolved_config={"chunked_prefill": True, "chunk_size": 2048},
+        trace_path=str(traces / "trace.parquet"),
+        manifest_path=str(traces / "manifest.json"),
+        offered_load_rps=3.0,
+        dispatch=copy.deepcopy(study["dispatch"]),
+        telemetry=study["telemetry"],
+        success_threshold=0.95,
+        attempt=1,
+        requests_path=str(run_dir / "requests.parquet"),
+        scrape_path=str(run_dir / "scrape.parquet"),
+        run_json_path=str(run_dir / "run.json"),
+        faults=faults,
+    )
+
+
+def test_reclamation_moves_the_engine_and_interrupts_the_run(results: Path, study: dict) -> None:
+    backend = LocalBackend(gpu=study["gpu"], model=study["model"])
+    record = backend.run(
+        run_request(results, study, "sglang", "rep2", [{"kind": "reclaim", "at_s": 4.0}])
+    )
+    assert record["status"] == "interrupted"
+    start, end = record["node"]["start"], record["node"]["end"]
+    assert start["hostname"] == end["hostname"]
+    assert start["node_id"] != end["node_id"] and start["instance_id"] != end["instance_id"]
+    assert "reclamation" in record["reclaimed_reason"]
+    assert campaign._was_reclaimed(record)
+    table = read_parquet(
+        Path(run_request(results, study, "sglang", "rep2", []).requests_path),
+        __import__("servelab.artifacts").artifacts.REQUESTS_SCHEMA,
+    )
+    n_trace = sum(1 for w in table.column("warmup").to_pylist() if not w)
+    assert (
+        n_trace
+        == read_run_json(Path(run_request(results, study, "sglang", "rep2", []).run_json_path))[
+            "n_sent"
+        ]
+    )
+
+
+def test_engine_crash_fails_the_run_and_the_next_run_restarts_it(
+    results: Path, study: dict
+) -> None:
+    backend = LocalBackend(gpu=study["gpu"], model=study["model"])
+    failed = backend.run(
+        run_request(results, study, "vllm", "rep2", [{"kind": "fail", "at_s": 2.5}])
+    )
+    assert failed["status"] == "failed"
+    assert failed["node"]["start"] == failed["node"]["end"]  # a crash is not a reclamation
+    assert not campaign._was_reclaimed(failed)
+    assert failed["n_failed"] > 0
+    again = backend.run(run_request(results, study, "vllm", "rep2", []))
+    assert again["status"] == "ok"
+    assert again["node"]["start"]["node_id"] == failed["node"]["start"]["node_id"]
+    assert again["node"]["start"]["instance_id"] != failed["node"]["start"]["instance_id"]
