@@ -823,6 +823,7 @@ class KubernetesBackend:
             attempt=request.attempt,
             node_identity_fn=lambda: self.node_identity(deployment_id, container=engine),
             ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
+            workers=int(request.dispatch.get("workers", 1)),
             extra={
                 "kubernetes": {
                     "namespace": self.namespace,
