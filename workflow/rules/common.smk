@@ -20,10 +20,10 @@ RUNS = grid.runs(config)
 RUN_IDS = {run.id for run in RUNS}
 REPS = grid.reps(config)
 DEPLOYMENTS = {
-    grid.deployment_for(config, run.arm, run.engine, run.condition).id: grid.deployment_for(
-        config, run.arm, run.engine, run.condition
+    deployment.id: deployment
+    for deployment in (
+        grid.deployment_for(config, run.arm, run.engine, run.condition) for run in RUNS
     )
-    for run in RUNS
 }
 # Runs are taken one at a time in deployment order, so each deployment comes up once.
 DEPLOYMENT_RANK = {deployment: rank for rank, deployment in enumerate(DEPLOYMENTS)}
