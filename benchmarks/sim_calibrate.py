@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, read_parquet
-from servelab.config import arm_conditions, conditions, deployment_for, load_config, offered_load
+from servelab.config import arm_conditions, load_config
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration
-from servelab.sim.run import simulate_run_files
+from servelab.sim.run import simulate_config_run
 
 KV_NAMES = {"vllm:gpu_cache_usage_perc", "sglang:token_usage"}
 QUEUE_NAMES = {"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
@@ -145,33 +145,16 @@ def simulate(
     cal: Calibration,
     work: Path,
 ) -> tuple[dict[str, float], dict[str, Any], float]:
-    dep = deployment_for(cfg, arm, engine, cond)
-    c = conditions(cfg)[cond]
     out = work / arm / engine / cond / rep
     t = time.perf_counter()
-    rec = simulate_run_files(
-        trace_path=traces / cond / rep / "trace.parquet",
-        manifest_path=traces / cond / rep / "manifest.json",
+    rec = simulate_config_run(
+        cfg,
         arm=arm,
         engine=engine,
         condition=cond,
         rep=rep,
-        flags=list(dep.flags),
-        gpu_name=cfg["gpu"]["name"],
-        gpu_memory_mib=int(cfg["gpu"]["memory_mib"]),
-        model_preset=cfg["model"]["preset"],
-        deployment_id=dep.id,
-        warmup_requests=int(cfg["dispatch"]["warmup_requests"]),
-        request_timeout_s=float(cfg["dispatch"]["request_timeout_s"]),
-        stream_interval=int(cfg["dispatch"]["stream_interval"]),
-        telemetry_step_s=float(cfg["telemetry"]["step_s"]),
-        success_threshold=float(cfg["campaign"]["success_threshold"]),
-        offered_load_rps=offered_load(c, int(cfg["workload"]["workers_per_graph"])),
-        attempt=1,
-        faults=[],
-        requests_path=out / "requests.parquet",
-        scrape_path=out / "scrape.parquet",
-        run_json_path=out / "run.json",
+        trace_dir=traces / cond / rep,
+        out_dir=out,
         calibration=cal,
     )
     wall = time.perf_counter() - t

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from servelab.config import conditions, deployment_for, load_config, offered_load, runs
+from servelab.config import load_config, runs
 
 
 def _compile_missing(cfg_path: str, traces: Path, needed: set[tuple[str, str]]) -> None:
@@ -36,37 +36,20 @@ def _compile_missing(cfg_path: str, traces: Path, needed: set[tuple[str, str]]) 
 
 def _one(args: tuple[str, str, str, str, str, str]) -> tuple[str, float, float, int, str]:
     cfg_path, traces, arm, engine, cond, rep = args
-    from servelab.sim.run import simulate_run_files
+    from servelab.sim.run import simulate_config_run
 
     cfg = load_config(cfg_path)
-    dep = deployment_for(cfg, arm, engine, cond)
-    c = conditions(cfg)[cond]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         t = time.perf_counter()
-        rec = simulate_run_files(
-            trace_path=Path(traces) / cond / rep / "trace.parquet",
-            manifest_path=Path(traces) / cond / rep / "manifest.json",
+        rec = simulate_config_run(
+            cfg,
             arm=arm,
             engine=engine,
             condition=cond,
             rep=rep,
-            flags=list(dep.flags),
-            gpu_name=cfg["gpu"]["name"],
-            gpu_memory_mib=int(cfg["gpu"]["memory_mib"]),
-            model_preset=cfg["model"]["preset"],
-            deployment_id=dep.id,
-            warmup_requests=int(cfg["dispatch"]["warmup_requests"]),
-            request_timeout_s=float(cfg["dispatch"]["request_timeout_s"]),
-            stream_interval=int(cfg["dispatch"]["stream_interval"]),
-            telemetry_step_s=float(cfg["telemetry"]["step_s"]),
-            success_threshold=float(cfg["campaign"]["success_threshold"]),
-            offered_load_rps=offered_load(c, int(cfg["workload"]["workers_per_graph"])),
-            attempt=1,
-            faults=[],
-            requests_path=out / "requests.parquet",
-            scrape_path=out / "scrape.parquet",
-            run_json_path=out / "run.json",
+            trace_dir=Path(traces) / cond / rep,
+            out_dir=out,
         )
         wall = time.perf_counter() - t
     run_id = f"{arm}/{engine}/{cond}/{rep}"

@@ -11,16 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from servelab.config import (
     ConfigError,
     arm_conditions,
-    conditions,
     deployment_for,
     load_config,
-    offered_load,
 )
 
 __all__ = ["register"]
@@ -64,39 +61,24 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from servelab.sim.run import simulate_run_files
+    from servelab.sim.run import simulate_config_run
 
-    cfg, dep = _deployment(args)
-    cond = conditions(cfg)[args.condition]
-    trace_dir, out = Path(args.trace), Path(args.out)
+    cfg, _ = _deployment(args)  # also refuses a run outside the grid
     faults: list[dict[str, Any]] = []
     if args.reclaim_at is not None:
         faults.append({"kind": "reclaim", "at_s": args.reclaim_at})
     if args.fail:
         faults.append({"kind": "fail"})
-    record = simulate_run_files(
-        trace_path=trace_dir / "trace.parquet",
-        manifest_path=trace_dir / "manifest.json",
+    record = simulate_config_run(
+        cfg,
         arm=args.arm,
         engine=args.engine,
         condition=args.condition,
         rep=args.rep,
-        flags=list(dep.flags),
-        gpu_name=cfg["gpu"]["name"],
-        gpu_memory_mib=int(cfg["gpu"]["memory_mib"]),
-        model_preset=cfg["model"]["preset"],
-        deployment_id=dep.id,
-        warmup_requests=int(cfg["dispatch"]["warmup_requests"]),
-        request_timeout_s=float(cfg["dispatch"]["request_timeout_s"]),
-        stream_interval=int(cfg["dispatch"]["stream_interval"]),
-        telemetry_step_s=float(cfg["telemetry"]["step_s"]),
-        success_threshold=float(cfg["campaign"]["success_threshold"]),
-        offered_load_rps=offered_load(cond, int(cfg["workload"]["workers_per_graph"])),
+        trace_dir=args.trace,
+        out_dir=args.out,
         attempt=args.attempt,
         faults=faults,
-        requests_path=out / "requests.parquet",
-        scrape_path=out / "scrape.parquet",
-        run_json_path=out / "run.json",
     )
     keys = ("run_id", "status", "n_sent", "n_ok", "success_fraction", "trace_start_s")
     print(json.dumps({k: record[k] for k in keys}, sort_keys=True))

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -384,3 +385,51 @@ def simulate_run_files(
     write_parquet(scrape_path, scrape, SCRAPE_SCHEMA)
     write_json(run_json_path, record)
     return record
+
+
+def simulate_config_run(
+    config: Mapping[str, Any],
+    *,
+    arm: str,
+    engine: str,
+    condition: str,
+    rep: str,
+    trace_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    attempt: int = 1,
+    faults: Sequence[Mapping[str, Any]] = (),
+    calibration: Calibration = DEFAULT_CALIBRATION,
+) -> dict[str, Any]:
+    """`simulate_run_files` for one run of a validated servelab config, outside Snakemake
+    (the `servelab sim run` command and the benchmarks)."""
+    from servelab.config import conditions, deployment_for, offered_load
+
+    deployment = deployment_for(config, arm, engine, condition)
+    trace, out = Path(trace_dir), Path(out_dir)
+    return simulate_run_files(
+        trace_path=trace / "trace.parquet",
+        manifest_path=trace / "manifest.json",
+        arm=arm,
+        engine=engine,
+        condition=condition,
+        rep=rep,
+        flags=list(deployment.flags),
+        gpu_name=config["gpu"]["name"],
+        gpu_memory_mib=int(config["gpu"]["memory_mib"]),
+        model_preset=config["model"]["preset"],
+        deployment_id=deployment.id,
+        warmup_requests=int(config["dispatch"]["warmup_requests"]),
+        request_timeout_s=float(config["dispatch"]["request_timeout_s"]),
+        stream_interval=int(config["dispatch"]["stream_interval"]),
+        telemetry_step_s=float(config["telemetry"]["step_s"]),
+        success_threshold=float(config["campaign"]["success_threshold"]),
+        offered_load_rps=offered_load(
+            conditions(config)[condition], int(config["workload"]["workers_per_graph"])
+        ),
+        attempt=attempt,
+        faults=[dict(f) for f in faults],
+        requests_path=out / "requests.parquet",
+        scrape_path=out / "scrape.parquet",
+        run_json_path=out / "run.json",
+        calibration=calibration,
+    )
