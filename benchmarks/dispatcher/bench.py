@@ -25,7 +25,7 @@ import time
 import httpx
 import numpy as np
 
-from servelab.dispatch.client import Dispatcher
+from servelab.dispatch.client import CLIENTS, Dispatcher
 from servelab.dispatch.parallel import run_parallel
 from servelab.workload.release import TraceRequest
 
@@ -68,7 +68,9 @@ def count_the(texts: list[str]) -> list[int]:
     return [t.count(" the") for t in texts]
 
 
-def run_rate(url: str, rate: float, duration: float, max_tokens: int, workers: int = 1) -> dict:
+def run_rate(
+    url: str, rate: float, duration: float, max_tokens: int, workers: int = 1, client: str = "paced"
+) -> dict:
     n = int(rate * duration)
     trace = [
         TraceRequest(f"r{i:06d}", i, "planner", i / rate, (), 0.0, max_tokens) for i in range(n)
@@ -85,6 +87,7 @@ def run_rate(url: str, rate: float, duration: float, max_tokens: int, workers: i
         pool=max(64, int(rate * 10)),
         progress_interval_s=1e9,
         count_tokens=count_the,
+        client=client,
     )
     wall0 = time.perf_counter()
     res = run_parallel(**options, workers=workers) if workers > 1 else Dispatcher(**options).run()
@@ -132,6 +135,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--itl-ms", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=1, help="dispatch processes")
+    ap.add_argument("--client", default="paced", choices=CLIENTS, help="dispatch.client")
     ap.add_argument("--search", action="store_true", help="find the highest rate within 10% ITL")
     ap.add_argument("--port", type=int, default=18931)
     args = ap.parse_args()
@@ -147,7 +151,9 @@ def main() -> None:
             print(
                 json.dumps(
                     {
-                        **run_rate(url, rate, args.duration, args.max_tokens, args.workers),
+                        **run_rate(
+                            url, rate, args.duration, args.max_tokens, args.workers, args.client
+                        ),
                         "loadavg_1m": os.getloadavg()[0],
                     }
                 ),
@@ -156,7 +162,7 @@ def main() -> None:
         if args.search:
             best = None
             for rate in SEARCH_RATES:  # bounded: stops at the first rate that misses
-                r = run_rate(url, rate, args.duration, args.max_tokens, args.workers)
+                r = run_rate(url, rate, args.duration, args.max_tokens, args.workers, args.client)
                 ok = within(r["measured_itl_median_ms"], r["true_itl_ms"]) and within(
                     r["gap_median_ms"], r["true_itl_ms"]
                 )

@@ -153,6 +153,13 @@ def _check_references(config: Mapping[str, Any]) -> None:
                         problems.append(
                             f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}"
                         )
+    kube = config.get("kubernetes") or {}
+    client = config["dispatch"].get("client", "paced")
+    if str(kube.get("engine_url", "")).startswith("https://") and client == "paced":
+        problems.append(
+            "config key dispatch.client: 'paced' speaks plain http only, but "
+            "kubernetes.engine_url is https; set dispatch.client: httpx"
+        )
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
         problems.append("config key workload.tool_delay.min_s: must be below max_s")

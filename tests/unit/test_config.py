@@ -102,6 +102,7 @@ INVALID = [
     ),
     (("dispatch", "warmup_requests"), -5, "dispatch.warmup_requests"),
     (("dispatch", "request_timeout_s"), 0, "dispatch.request_timeout_s"),
+    (("dispatch", "client"), "aiohttp", "dispatch.client"),
     (("campaign", "success_threshold"), 1.5, "campaign.success_threshold"),
     (("campaign", "retries"), 2.5, "campaign.retries"),
     (("telemetry", "step_s"), 0, "telemetry.step_s"),
@@ -123,6 +124,15 @@ def test_duplicate_condition_is_refused(study_config):
     study_config["conditions"].append(dict(study_config["conditions"][0]))
     with pytest.raises(ConfigError, match=r"conditions\[13\]: duplicates condition rate-0.05"):
         validate_config(study_config)
+
+
+def test_paced_client_over_https_is_refused(study_config):
+    study_config["kubernetes"]["engine_url"] = "https://{service}.{namespace}:{port}"
+    study_config["dispatch"]["client"] = "paced"
+    with pytest.raises(ConfigError, match=r"config key dispatch\.client: 'paced' speaks plain http"):
+        validate_config(study_config)
+    study_config["dispatch"]["client"] = "httpx"
+    validate_config(study_config)
 
 
 def test_unknown_key_is_named(study_config):

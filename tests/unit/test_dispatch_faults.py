@@ -11,11 +11,24 @@ from collections.abc import Sequence
 
 import pytest
 
-from servelab.dispatch import Dispatcher, DispatchError, RequestSpec, TimedAction, pool_size
+from servelab.dispatch import (
+    CLIENTS,
+    Dispatcher,
+    DispatchError,
+    RequestSpec,
+    TimedAction,
+    pool_size,
+)
 from servelab.dispatch.run import requests_table
 from servelab.runrecord import build_run_record
 from servelab.sim.server import ConstantModel, FaultConfig, ServerThread, SimServer, fault_decision
 from servelab.workload.release import TraceRequest
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request: pytest.FixtureRequest) -> str:
+    """Every dispatcher test runs with both clients: the paced one and httpx."""
+    return request.param
 
 
 def server(engine: str = "vllm", *, itl_s: float = 0.004, **kwargs) -> ServerThread:
@@ -95,12 +108,14 @@ def run_status(result, threshold: float = 0.95) -> str:
         ("reset", "reset_rate", "Connection reset by peer"),
     ],
 )
-def test_probabilistic_faults_exact_counts(kind: str, option: str, needle: str) -> None:
+def test_probabilistic_faults_exact_counts(
+    kind: str, option: str, needle: str, client: str
+) -> None:
     n, rate, seed = 30, 0.3, 11
     expected = sum(fault_decision(seed, i, kind, rate) for i in range(n))
     assert 0 < expected < n
     with server(faults=FaultConfig(seed=seed, **{option: rate})) as srv:
-        result = dispatch(srv, independent([0.01 * i for i in range(n)])).run()
+        result = dispatch(srv, independent([0.01 * i for i in range(n)]), client=client).run()
     failed = [r for r in result.records if r.status != "ok"]
     assert len(result.records) == n
     assert len(failed) == expected
@@ -114,13 +129,13 @@ def test_probabilistic_faults_exact_counts(kind: str, option: str, needle: str) 
     assert run_status(result, threshold=(n - expected) / n) == "ok"
 
 
-def test_stalled_stream_times_out() -> None:
+def test_stalled_stream_times_out(client: str) -> None:
     early = [0.0, 0.02, 0.04]
     late = [0.6, 0.62]
     with server() as srv:
         stall = TimedAction(0.4, lambda: srv.call(lambda s: s.stall()), "stall", stop_run=False)
         result = dispatch(
-            srv, independent(early + late), request_timeout_s=0.5, actions=[stall]
+            srv, independent(early + late), request_timeout_s=0.5, actions=[stall], client=client
         ).run()
     statuses = [r.status for r in result.records]
     assert statuses == ["ok"] * 3 + ["timeout"] * 2
@@ -128,13 +143,13 @@ def test_stalled_stream_times_out() -> None:
     assert run_status(result) == "failed"
 
 
-def test_server_crash_fails_in_flight_and_later_requests() -> None:
+def test_server_crash_fails_in_flight_and_later_requests(client: str) -> None:
     trace = independent([0.0, 0.02], max_tokens=4)
     trace.append(TraceRequest("long", 2, "planner", 0.05, (), 0.0, 500))  # ~2 s: in flight
     trace += independent([0.7, 0.75], max_tokens=4, prefix="after")
     with server() as srv:
         crash = TimedAction(0.4, lambda: srv.call(lambda s: s.crash()), "crash", stop_run=False)
-        result = dispatch(srv, trace, actions=[crash]).run()
+        result = dispatch(srv, trace, actions=[crash], client=client).run()
     by_id = {r.request_id: r for r in result.records}
     assert [by_id[k].status for k in ("r000", "r001")] == ["ok", "ok"]
     assert by_id["long"].status == "error"
@@ -155,9 +170,9 @@ def graph(delay: float = 0.05) -> list[TraceRequest]:
     ]
 
 
-def test_failed_requests_still_release_their_dependents() -> None:
+def test_failed_requests_still_release_their_dependents(client: str) -> None:
     with server(faults=FaultConfig(http500_rate=1.0)) as srv:
-        result = dispatch(srv, graph()).run()
+        result = dispatch(srv, graph(), client=client).run()
     by_id = {r.request_id: r for r in result.records}
     assert all(r.status == "error" and r.error.startswith("HTTP 500") for r in result.records)
     assert all(r.sent_s is not None for r in result.records)  # every dependent was sent
@@ -166,10 +181,10 @@ def test_failed_requests_still_release_their_dependents() -> None:
     assert by_id["a"].scheduled_s >= max(by_id["w1"].sent_s, by_id["w2"].sent_s)
 
 
-def test_release_times_warmup_and_lag() -> None:
+def test_release_times_warmup_and_lag(client: str) -> None:
     warmup = [RequestSpec(f"warmup-{i}", -1, "warmup", True, 16, [1, 2]) for i in range(3)]
     with server() as srv:
-        result = dispatch(srv, graph(), warmup=warmup).run()
+        result = dispatch(srv, graph(), warmup=warmup, client=client).run()
     by_id = {r.request_id: r for r in result.records}
     warm = [by_id[f"warmup-{i}"] for i in range(3)]
     assert all(
@@ -207,10 +222,12 @@ def test_release_times_warmup_and_lag() -> None:
         ("sglang", 3, [3, 3, 2], "tokenizer"),  # SGLang coalesces; counted from the text
     ],
 )
-def test_tokens_per_chunk(engine: str, interval: int, chunks: list[int], source: str) -> None:
+def test_tokens_per_chunk(
+    engine: str, interval: int, chunks: list[int], source: str, client: str
+) -> None:
     srv_interval = 1 if engine == "vllm" else interval
     with server(engine, stream_interval=srv_interval) as srv:
-        result = dispatch(srv, independent([0.0, 0.01], max_tokens=8)).run()
+        result = dispatch(srv, independent([0.0, 0.01], max_tokens=8), client=client).run()
     for rec in result.records:
         assert rec.status == "ok"
         assert rec.chunk_tokens == chunks
@@ -221,14 +238,14 @@ def test_tokens_per_chunk(engine: str, interval: int, chunks: list[int], source:
     assert result.chunk_token_mismatches == 0
 
 
-def test_interrupt_records_in_flight_and_unsent_requests() -> None:
+def test_interrupt_records_in_flight_and_unsent_requests(client: str) -> None:
     trace = independent([0.0, 0.05], max_tokens=4)
     trace.append(TraceRequest("long", 2, "planner", 0.1, (), 0.0, 500))
     trace += independent([1.0, 1.5], prefix="later")
     with server() as srv:
         stop = TimedAction(0.4, lambda: None, "node reclaimed", stop_run=True)
         t0 = time.monotonic()
-        result = dispatch(srv, trace, actions=[stop]).run()
+        result = dispatch(srv, trace, actions=[stop], client=client).run()
         assert time.monotonic() - t0 < 1.0  # the run stopped at the interruption
     by_id = {r.request_id: r for r in result.records}
     assert result.interrupted and result.interrupt_reason == "node reclaimed at 0.4 s"
@@ -243,7 +260,7 @@ def test_interrupt_records_in_flight_and_unsent_requests() -> None:
     assert table.num_rows == len(trace)
 
 
-def test_unhealthy_server_is_a_bounded_dispatch_error() -> None:
+def test_unhealthy_server_is_a_bounded_dispatch_error(client: str) -> None:
     import socket
 
     with socket.socket() as sock:
@@ -255,6 +272,7 @@ def test_unhealthy_server_is_a_bounded_dispatch_error() -> None:
         trace=independent([0.0]),
         prompts={"r000": [1]},
         health_timeout_s=0.6,
+        client=client,
     )
     t0 = time.monotonic()
     with pytest.raises(DispatchError, match=r"did not answer 200 within 0\.6 s"):
@@ -282,7 +300,7 @@ def test_pool_size_follows_the_load() -> None:
     )  # never more than the run's requests
 
 
-def test_parallel_workers_keep_the_protocol() -> None:
+def test_parallel_workers_keep_the_protocol(client: str) -> None:
     """Two worker processes: graphs split between them, one clock, one merged result."""
     from servelab.dispatch import run_parallel
 
@@ -306,6 +324,7 @@ def test_parallel_workers_keep_the_protocol() -> None:
             health_timeout_s=5.0,
             progress_interval_s=1e6,
             count_tokens=count_words,
+            client=client,
         )
     by_id = {r.request_id: r for r in result.records}
     assert [r.request_id for r in result.records] == ["warmup-0", "warmup-1"] + [
@@ -323,7 +342,7 @@ def test_parallel_workers_keep_the_protocol() -> None:
     assert not result.interrupted
 
 
-def test_parallel_workers_are_interrupted_together() -> None:
+def test_parallel_workers_are_interrupted_together(client: str) -> None:
     from servelab.dispatch import run_parallel
 
     trace = independent([0.0, 0.02, 0.04, 0.06], max_tokens=4)
@@ -341,6 +360,7 @@ def test_parallel_workers_are_interrupted_together() -> None:
             progress_interval_s=1e6,
             count_tokens=count_words,
             actions=[stop],
+            client=client,
         )
     assert result.interrupted and result.interrupt_reason == "node reclaimed at 0.5 s"
     statuses = {r.request_id: (r.status, r.sent_s) for r in result.records}

@@ -824,6 +824,7 @@ class KubernetesBackend:
             node_identity_fn=lambda: self.node_identity(deployment_id, container=engine),
             ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
             workers=int(request.dispatch.get("workers", 1)),
+            client=str(request.dispatch.get("client", "paced")),
             extra={
                 "kubernetes": {
                     "namespace": self.namespace,

@@ -564,6 +564,7 @@ class LocalBackend:
             node_identity_fn=lambda: self._identity(deployment_dir),
             ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
             workers=int(request.dispatch.get("workers", 1)),
+            client=str(request.dispatch.get("client", "paced")),
             progress_interval_s=self.progress_interval_s,
             actions=[TimedAction(**a) for a in actions],
             extra={"local": {"server_log": state["server_log"], "prometheus_url": prometheus_url}},

@@ -1,4 +1,4 @@
-"""servelab.dispatch: the live async streaming dispatcher (httpx) and its run entry points.
+"""servelab.dispatch: the live streaming dispatcher (paced or httpx client) and its run entry points.
 
 - `dispatch_run_files(*, base_url, trace_path, manifest_path, arm, engine, condition, rep, backend,
   deployment_id, resolved_config, warmup_requests, request_timeout_s, success_threshold,
@@ -8,6 +8,7 @@
 """
 
 from servelab.dispatch.client import (
+    CLIENTS,
     Dispatcher,
     DispatchError,
     DispatchResult,
@@ -20,6 +21,7 @@ from servelab.dispatch.parallel import run_parallel
 from servelab.dispatch.run import dispatch_run, dispatch_run_files, requests_table
 
 __all__ = [
+    "CLIENTS",
     "DispatchError",
     "DispatchResult",
     "Dispatcher",

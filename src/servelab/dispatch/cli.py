@@ -54,6 +54,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         node_identity_fn=lambda: {"url": args.url},
         progress_interval_s=args.progress_interval,
         workers=args.workers,
+        client=args.client,
         requests_path=str(out / "requests.parquet"),
         run_json_path=str(out / "run.json"),
     )
@@ -123,6 +124,12 @@ def register(subparsers: Any) -> None:
     dispatch.add_argument("--progress-interval", type=float, default=10.0)
     dispatch.add_argument(
         "--workers", type=int, default=1, help="dispatch processes (graphs split among them)"
+    )
+    dispatch.add_argument(
+        "--client",
+        choices=("paced", "httpx"),
+        default="paced",
+        help="paced: a pacer thread sends, the event loop reads (default); httpx: one loop does both",
     )
     dispatch.set_defaults(func=_dispatch)
 

@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import resource
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from servelab.dispatch.sse import SSEDecoder
 from servelab.workload.release import ReleaseTracker, TraceRequest
 
 __all__ = [
+    "CLIENTS",
     "SPIN_S",
     "DispatchError",
     "DispatchResult",
@@ -65,6 +67,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPIN_S = 0.002
+# "paced": a pacer thread sends, the event loop reads (servelab.dispatch.paced; the default).
+# "httpx": one event loop does both through httpx (the client the sends used to go through).
+CLIENTS = ("paced", "httpx")
 WARMUP_MAX_TOKENS = 16
 _ERROR_TEXT_MAX = 300
 
@@ -153,6 +158,7 @@ class DispatchResult:
     chunk_token_mismatches: int
     send_overhead_s: dict[str, float | None]
     send_overhead_samples: list[float] = field(default_factory=list, repr=False)
+    connections_opened: int | None = None  # the paced client counts them; httpx does not say
 
 
 def _summary(values: Sequence[float]) -> dict[str, float | None]:
@@ -260,6 +266,77 @@ class ClientPool:
             await client.aclose()
 
 
+class ChunkRecorder:
+    """Reads one completion stream's bytes into its record: chunk times, tokens per chunk, usage.
+
+    `feed(raw, now)` takes the bytes as they arrive (any split) and the arrival time; it returns
+    False when the stream is unusable (the record's error says why). `end()` when the response
+    ended: the request is ok only if the stream ended with `data: [DONE]`. Used by both clients.
+    """
+
+    __slots__ = ("_decoder", "_done", "_last_completion", "rec")
+
+    def __init__(self, rec: RequestRecord) -> None:
+        self.rec = rec
+        self._decoder = SSEDecoder()
+        self._last_completion = 0
+        self._done = False
+
+    def feed(self, raw: bytes, now: float) -> bool:
+        rec = self.rec
+        for data in self._decoder.feed(raw):
+            if data == b"[DONE]":
+                self._done = True
+                continue
+            if self._done:
+                rec.error = "data after [DONE]"
+                return False
+            try:
+                event = json.loads(data.decode("utf-8"))
+                choices = event.get("choices") or []
+                usage = event.get("usage")
+                text = (choices[0].get("text") or "") if choices else ""
+                if not isinstance(text, str):
+                    raise ValueError("choices[0].text is not a string")
+            except (ValueError, AttributeError, TypeError) as exc:
+                rec.error = f"malformed SSE event ({exc}): {data[:120]!r}"
+                return False
+            tokens: int | None = None
+            if usage:
+                completion = usage.get("completion_tokens")
+                if isinstance(completion, int):
+                    tokens = completion - self._last_completion
+                    self._last_completion = completion
+                    rec.output_tokens = completion
+                if isinstance(usage.get("prompt_tokens"), int):
+                    rec.prompt_tokens = usage["prompt_tokens"]
+            if not choices:
+                continue  # a usage-only chunk carries no output
+            if tokens is None:
+                if not text:
+                    continue
+                if rec.chunk_texts is None:
+                    rec.chunk_texts = [""] * len(rec.chunk_tokens)
+                rec.chunk_texts.append(text)
+            elif tokens <= 0 and not text:
+                continue
+            elif rec.chunk_texts is not None:
+                rec.chunk_texts.append(text)
+            rec.chunk_times_s.append(now)
+            rec.chunk_tokens.append(tokens)
+        return True
+
+    def end(self) -> None:
+        rec = self.rec
+        if not self._done:
+            rec.error = "stream ended before data: [DONE]" + (
+                " (cut mid-event)" if self._decoder.pending else ""
+            )
+            return
+        rec.status = "ok"
+        rec.error = None
+
+
 class Dispatcher:
     """Sends warm-up and trace requests on the real clock and records every chunk.
 
@@ -287,7 +364,11 @@ class Dispatcher:
         trace_start_s: float | None = None,
         control: Any = None,
         defer_token_counts: bool = False,
+        client: str = "paced",
     ) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"dispatch.client must be one of {', '.join(CLIENTS)}, not {client!r}")
+        self.client = client
         self.base_url = base_url.rstrip("/")
         # Worker mode (see run_parallel): the run's clock origin (a time.perf_counter() value,
         # system-wide on Linux) and trace start are given, warm-up and health are done elsewhere,
@@ -322,7 +403,13 @@ class Dispatcher:
         self._stop_reason: str | None = None
         self._actions_started: set[TimedAction] = set()
         self._send_overheads: list[float] = []
-        self._clients: ClientPool  # set when the run starts (arun)
+        self._crash: BaseException | None = None
+        self._clients: ClientPool  # httpx client: set when the run starts (arun)
+        self._pacer: Any = None  # paced client: the Pacer and PacedClient, set by arun
+        self._paced: Any = None
+        self._events: dict[str, tuple[Any, Any]] = {}
+        self._warm_done = 0
+        self._trace_done = 0
         self._launched = 0
         self._done = 0
         self._errors = 0
@@ -344,8 +431,24 @@ class Dispatcher:
         )
         if not self._records:
             self._prepare()
-        self._clients = ClientPool(self.base_url, self.pool, timeout)
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+        switch_interval = sys.getswitchinterval()
+        if self.client == "paced":
+            from servelab.dispatch.paced import SWITCH_INTERVAL_S, PacedClient, Pacer
+
+            self._paced = PacedClient(
+                loop=loop,
+                base_url=self.base_url,
+                clock=self.clock,
+                request_timeout_s=self.request_timeout_s,
+                connect_timeout_s=min(30.0, self.request_timeout_s),
+                on_done=self._paced_done,
+            )
+            self._pacer = Pacer(self.clock, self._pace_send, self._pacer_crashed)
+            self._clients = ClientPool(self.base_url, 1, timeout)  # health polls only
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        else:
+            self._clients = ClientPool(self.base_url, self.pool, timeout)
         try:
             cpu0 = time.process_time()
             if self.clock_origin is None:
@@ -355,6 +458,8 @@ class Dispatcher:
             else:
                 self._t0 = self.clock_origin
                 start_unix = time.time() - self.clock()
+            if self._pacer is not None:
+                self._pacer.start()
             if self.control is not None:
                 loop.add_reader(self.control.fileno(), self._on_control)
             progress = asyncio.create_task(self._progress())
@@ -368,6 +473,7 @@ class Dispatcher:
                 if self._stop_reason is None:
                     await self._run_trace()
             finally:
+                await self._halt_pacer()
                 progress.cancel()
                 for action, task in zip(self.actions, action_tasks, strict=True):
                     if action not in self._actions_started:
@@ -380,9 +486,14 @@ class Dispatcher:
             end_unix = start_unix + duration
             cpu = time.process_time() - cpu0
         finally:
+            sys.setswitchinterval(switch_interval)
             if self.control is not None:
                 loop.remove_reader(self.control.fileno())
+            if self._paced is not None:
+                self._paced.close()
             await self._clients.aclose()
+        if self._crash is not None:
+            raise DispatchError(f"the pacer thread failed: {self._crash!r}") from self._crash
         self._mark_unsent()
         if self.defer_token_counts:
             sources, mismatches = {}, 0
@@ -399,6 +510,7 @@ class Dispatcher:
             sum(1 for r in ordered if r.status != "ok"),
             f"; interrupted: {self._stop_reason}" if self._stop_reason else "",
         )
+        overheads = self._paced.send_overheads if self._paced is not None else self._send_overheads
         return DispatchResult(
             records=ordered,
             start_unix_s=start_unix,
@@ -411,8 +523,11 @@ class Dispatcher:
             client_cpu_s=cpu,
             chunk_token_sources=sources,
             chunk_token_mismatches=mismatches,
-            send_overhead_s=_summary(self._send_overheads),
-            send_overhead_samples=self._send_overheads,
+            send_overhead_s=_summary(overheads),
+            send_overhead_samples=overheads,
+            connections_opened=(
+                self._paced.connections_opened if self._paced is not None else None
+            ),
         )
 
     def _on_control(self) -> None:
@@ -446,6 +561,7 @@ class Dispatcher:
                 spec.request_id, spec.graph_id, spec.role, True, spec.max_tokens
             )
             self._bodies[spec.request_id] = self._body(spec.prompt, spec.max_tokens)
+            self._build_events(spec.request_id)
         for r in self.trace:
             if r.request_id in self._records:
                 raise ValueError(f"request id {r.request_id} appears twice")
@@ -453,6 +569,13 @@ class Dispatcher:
                 r.request_id, r.graph_id, r.role, False, r.max_tokens
             )
             self._bodies[r.request_id] = self._body(self.prompts[r.request_id], r.max_tokens)
+            self._build_events(r.request_id)
+
+    def _build_events(self, rid: str) -> None:
+        if self.client == "paced":
+            from servelab.dispatch.paced import request_events
+
+            self._events[rid] = request_events(self.base_url, self._bodies[rid])
 
     # ----------------------------------------------------------------- phases
 
@@ -460,12 +583,18 @@ class Dispatcher:
         if not self.warmup:
             return
         log.info("sending %d warm-up requests", len(self.warmup))
-        tasks = []
-        for spec in self.warmup:
-            rec = self._records[spec.request_id]
-            rec.scheduled_s = 0.0
-            tasks.append(asyncio.create_task(self._send(rec)))
-        await asyncio.gather(*tasks)
+        if self._pacer is not None:
+            for spec in self.warmup:
+                self._pacer.push(0.0, spec.request_id)
+            while self._warm_done < len(self.warmup) and self._stop_reason is None:
+                await self._wait_wake(None)
+        else:
+            tasks = []
+            for spec in self.warmup:
+                rec = self._records[spec.request_id]
+                rec.scheduled_s = 0.0
+                tasks.append(asyncio.create_task(self._send(rec)))
+            await asyncio.gather(*tasks)
         ok = sum(1 for s in self.warmup if self._records[s.request_id].status == "ok")
         log.info("warm-up done at %.3f s: %d/%d ok", self.clock(), ok, len(self.warmup))
 
@@ -474,6 +603,10 @@ class Dispatcher:
             self._push(self._trace_t0 + t_s, rid)
         total = len(self.trace)
         log.info("trace starts at %.3f s: %d requests", self._trace_t0, total)
+        if self._pacer is not None:  # the pacer sends; the loop waits for every answer
+            while self._trace_done < total and self._stop_reason is None:
+                await self._wait_wake(None)
+            return
         heap = self._heap
         while self._launched < total and self._stop_reason is None:
             if not heap:
@@ -503,6 +636,9 @@ class Dispatcher:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _push(self, due: float, rid: str) -> None:
+        if self._pacer is not None:
+            self._pacer.push(due, rid)
+            return
         self._seq += 1
         heapq.heappush(self._heap, (due, self._seq, rid))
         self._wake()
@@ -544,7 +680,7 @@ class Dispatcher:
                 self._launched + len(self.warmup),
                 total,
                 self._done,
-                len(self._tasks),
+                self._paced.in_flight() if self._paced is not None else len(self._tasks),
                 self._errors,
             )
 
@@ -562,16 +698,61 @@ class Dispatcher:
                 raise
         finally:
             self._clients.release(shard)
-            if rec.finished_s is None:
-                rec.finished_s = self.clock()
-            self._done += 1
-            if rec.status != "ok":
-                self._errors += 1
-            if trace and self._stop_reason is None:
-                for t_s, dep in self.tracker.finish(
-                    rec.request_id, rec.finished_s - self._trace_t0
-                ):
-                    self._push(self._trace_t0 + t_s, dep)
+            self._finished(rec, trace)
+
+    def _finished(self, rec: RequestRecord, trace: bool) -> None:
+        """Book-keeping when a request has ended, whatever its status; releases its dependents."""
+        if rec.finished_s is None:
+            rec.finished_s = self.clock()
+        self._done += 1
+        if rec.status != "ok":
+            self._errors += 1
+        if trace and self._stop_reason is None:
+            for t_s, dep in self.tracker.finish(rec.request_id, rec.finished_s - self._trace_t0):
+                self._push(self._trace_t0 + t_s, dep)
+
+    # ----------------------------------------------------------------- the paced client
+
+    def _pace_send(self, due: float, rid: str) -> None:
+        """Pacer thread: the request is due; stamp it and write it."""
+        rec = self._records[rid]
+        rec.scheduled_s = due
+        rec.sent_s = self.clock()
+        if not rec.warmup:
+            self._launched += 1
+        self._paced.send(rec, self._events[rid])
+
+    def _paced_done(self, rec: RequestRecord) -> None:
+        """Loop thread: a paced request has ended."""
+        self._finished(rec, not rec.warmup)
+        if rec.warmup:
+            self._warm_done += 1
+            if self._warm_done == len(self.warmup):
+                self._wake()
+        else:
+            self._trace_done += 1
+            if self._trace_done == len(self.trace):
+                self._wake()
+
+    def _pacer_crashed(self, exc: BaseException) -> None:
+        """Pacer thread: record the failure and stop the run (the loop raises it at the end)."""
+
+        def stop() -> None:
+            self._crash = exc
+            if self._stop_reason is None:
+                self._stop_reason = "the pacer thread failed"
+            self._wake()
+
+        self._loop.call_soon_threadsafe(stop)
+
+    async def _halt_pacer(self) -> None:
+        """Stop sending; end what is still streaming with the interruption's reason."""
+        if self._pacer is None:
+            return
+        await asyncio.to_thread(self._pacer.stop)
+        await asyncio.sleep(0)  # hand-overs the pacer queued before it stopped run first
+        if self._paced.in_flight():
+            self._paced.abort(f"run interrupted: {self._stop_reason or 'cancelled'}")
 
     async def _stream(self, client: httpx.AsyncClient, rec: RequestRecord) -> None:
         rec.sent_s = sent = self.clock()
@@ -608,59 +789,12 @@ class Dispatcher:
             rec.finished_s = self.clock()
 
     async def _read_events(self, response: httpx.Response, rec: RequestRecord) -> None:
-        decoder = SSEDecoder()
-        last_completion = 0
+        stream = ChunkRecorder(rec)
         clock = self.clock
-        done = False
         async for raw in response.aiter_raw():
-            now = clock()
-            for data in decoder.feed(raw):
-                if data == b"[DONE]":
-                    done = True
-                    continue
-                if done:
-                    rec.error = "data after [DONE]"
-                    return
-                try:
-                    event = json.loads(data.decode("utf-8"))
-                    choices = event.get("choices") or []
-                    usage = event.get("usage")
-                    text = (choices[0].get("text") or "") if choices else ""
-                    if not isinstance(text, str):
-                        raise ValueError("choices[0].text is not a string")
-                except (ValueError, AttributeError, TypeError) as exc:
-                    rec.error = f"malformed SSE event ({exc}): {data[:120]!r}"
-                    return
-                tokens: int | None = None
-                if usage:
-                    completion = usage.get("completion_tokens")
-                    if isinstance(completion, int):
-                        tokens = completion - last_completion
-                        last_completion = completion
-                        rec.output_tokens = completion
-                    if isinstance(usage.get("prompt_tokens"), int):
-                        rec.prompt_tokens = usage["prompt_tokens"]
-                if not choices:
-                    continue  # a usage-only chunk carries no output
-                if tokens is None:
-                    if not text:
-                        continue
-                    if rec.chunk_texts is None:
-                        rec.chunk_texts = [""] * len(rec.chunk_tokens)
-                    rec.chunk_texts.append(text)
-                elif tokens <= 0 and not text:
-                    continue
-                elif rec.chunk_texts is not None:
-                    rec.chunk_texts.append(text)
-                rec.chunk_times_s.append(now)
-                rec.chunk_tokens.append(tokens)
-        if not done:
-            rec.error = "stream ended before data: [DONE]" + (
-                " (cut mid-event)" if decoder.pending else ""
-            )
-            return
-        rec.status = "ok"
-        rec.error = None
+            if not stream.feed(raw, clock()):
+                return
+        stream.end()
 
     # ----------------------------------------------------------------- after the run
 

@@ -89,6 +89,7 @@ def run_parallel(
     progress_interval_s: float = 10.0,
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     actions: Sequence[TimedAction] = (),
+    client: str = "paced",
 ) -> DispatchResult:
     """Dispatch `trace` with `workers` processes; the same result as `Dispatcher.run()`."""
     if workers < 1:
@@ -113,6 +114,7 @@ def run_parallel(
                 "ignore_eos": ignore_eos,
                 "pool": max(8, math.ceil(pool / workers)),
                 "progress_interval_s": progress_interval_s,
+                "client": client,
             }
             proc = ctx.Process(target=_worker_main, args=(child, kwargs), daemon=True)
             proc.start()
@@ -137,6 +139,7 @@ def run_parallel(
             pool=max(8, len(warmup)),
             progress_interval_s=1e9,
             defer_token_counts=True,
+            client=client,
         )
         cpu0 = time.process_time()
         head_result = head.run()
@@ -179,6 +182,11 @@ def run_parallel(
         chunk_token_mismatches=mismatches,
         send_overhead_s=_summary(samples),
         send_overhead_samples=samples,
+        connections_opened=(
+            None
+            if head_result.connections_opened is None
+            else sum(r.connections_opened or 0 for r in [head_result, *results])
+        ),
     )
 
 

@@ -128,6 +128,7 @@ def dispatch_run(
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     extra: Mapping[str, Any] | None = None,
     workers: int = 1,
+    client: str = "paced",
 ) -> tuple[pa.Table, dict[str, Any], DispatchResult]:
     """Dispatch one run; return (requests table, run record, raw result) without writing anything.
 
@@ -135,6 +136,7 @@ def dispatch_run(
     fails a check is never dispatched). Node identity is read before the first request and after
     the last; the record's `node` holds both (`start`, `end`). `workers` > 1 spreads the graphs
     over that many processes (servelab.dispatch.parallel) for loads one event loop cannot read.
+    `client` is `dispatch.client`: "paced" (a pacer thread sends, the loop reads) or "httpx".
     """
     from servelab.workload import load_trace
 
@@ -163,6 +165,7 @@ def dispatch_run(
         progress_interval_s=progress_interval_s,
         count_tokens=count_tokens or tokenizer_counter(tokenizer),
         actions=actions,
+        client=client,
     )
     log.info(
         "run %s: dispatching %d requests (+%d warm-up) to %s, pool %d",
@@ -194,6 +197,8 @@ def dispatch_run(
             "chunk_token_mismatches": result.chunk_token_mismatches,
             "send_overhead_s": result.send_overhead_s,
             "workers": workers,
+            "client": client,
+            "connections_opened": result.connections_opened,
         },
     }
     if result.interrupted:

@@ -1,0 +1,232 @@
+"""The paced client's own mechanisms: the pacer's ordering, connection reuse and its limits, a
+request larger than the socket buffer, stale keep-alive connections, plain-http only.
+
+(The dispatch protocol and fault handling are tested with both clients in test_dispatch_faults.)
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from servelab.dispatch import Dispatcher
+from servelab.dispatch import paced as paced_module
+from servelab.dispatch.paced import Pacer
+from servelab.sim.server import ConstantModel, ServerThread, SimServer
+from servelab.workload.release import TraceRequest
+
+
+def run_pacer(pushes: list[tuple[float, str]], late: list[tuple[float, float, str]] = ()):
+    """Push items, optionally more at given times; return (key, due, sent) in send order."""
+    t0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    sent: list[tuple[str, float, float]] = []
+    done = threading.Event()
+    total = len(pushes) + len(late)
+
+    def send(due: float, key: str) -> None:
+        sent.append((key, due, clock()))
+        if len(sent) == total:
+            done.set()
+
+    pacer = Pacer(clock, send, on_crash=lambda exc: done.set())
+    for due, key in pushes:
+        pacer.push(due, key)
+    pacer.start()
+    for at, due, key in late:
+        time.sleep(max(0.0, at - clock()))
+        pacer.push(due, key)
+    assert done.wait(5.0)
+    pacer.stop()
+    return sent
+
+
+def test_pacer_sends_in_due_order_never_early() -> None:
+    sent = run_pacer([(0.06, "c"), (0.02, "a"), (0.04, "b"), (0.04, "b2")])
+    assert [k for k, _, _ in sent] == ["a", "b", "b2", "c"]  # ties in push order
+    assert all(at >= due for _, due, at in sent)
+
+
+def test_an_earlier_push_retimes_the_wait() -> None:
+    # the pacer is waiting for "late" (1 s) when "early" (0.1 s) arrives: early goes first, on time
+    sent = run_pacer([(1.0, "late")], late=[(0.05, 0.1, "early")])
+    assert [k for k, _, _ in sent] == ["early", "late"]
+    early = sent[0]
+    assert 0.1 <= early[2] < 0.5
+
+
+def test_pacer_stop_returns_without_sending_future_items() -> None:
+    sent: list[str] = []
+    pacer = Pacer(time.perf_counter, lambda due, key: sent.append(key), on_crash=print)
+    pacer.push(time.perf_counter() + 60.0, "never")
+    pacer.start()
+    t0 = time.monotonic()
+    pacer.stop()
+    assert time.monotonic() - t0 < 1.0
+    assert sent == []
+
+
+def test_a_failing_send_reports_the_crash() -> None:
+    crashed: list[BaseException] = []
+    event = threading.Event()
+
+    def send(due: float, key: str) -> None:
+        raise RuntimeError(f"boom on {key}")
+
+    pacer = Pacer(time.perf_counter, send, on_crash=lambda exc: (crashed.append(exc), event.set()))
+    pacer.push(0.0, "x")
+    pacer.start()
+    assert event.wait(5.0)
+    pacer.stop()
+    assert "boom on x" in str(crashed[0])
+
+
+def sim_server() -> ServerThread:
+    return ServerThread(
+        lambda: SimServer(ConstantModel("vllm", itl_s=0.002), engine="vllm", served_model_name="m")
+    )
+
+
+def trace_at(times: list[float], max_tokens: int = 3) -> list[TraceRequest]:
+    return [
+        TraceRequest(f"r{i:03d}", i, "planner", t, (), 0.0, max_tokens) for i, t in enumerate(times)
+    ]
+
+
+def dispatcher(url: str, trace: list[TraceRequest], prompt=(7, 8, 9)) -> Dispatcher:
+    return Dispatcher(
+        base_url=url,
+        model="m",
+        trace=trace,
+        prompts={r.request_id: prompt for r in trace},
+        health_timeout_s=5.0,
+        request_timeout_s=10.0,
+        progress_interval_s=1e6,
+        client="paced",
+    )
+
+
+def test_keep_alive_connections_are_reused() -> None:
+    trace = trace_at([0.05 * i for i in range(20)])  # one at a time: each ends before the next
+    with sim_server() as srv:
+        d = dispatcher(srv.base_url, trace)
+        result = d.run()
+    assert [r.status for r in result.records] == ["ok"] * 20
+    assert d._paced.connections_opened == 1
+    assert len(result.send_overhead_samples) == 20
+
+
+def test_connections_idle_too_long_are_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(paced_module, "KEEPALIVE_IDLE_S", 0.02)
+    trace = trace_at([0.1 * i for i in range(5)])
+    with sim_server() as srv:
+        d = dispatcher(srv.base_url, trace)
+        result = d.run()
+    assert all(r.status == "ok" for r in result.records)
+    assert d._paced.connections_opened == 5
+
+
+def test_a_request_larger_than_the_socket_buffer_is_written_whole() -> None:
+    # ~6 MB of token ids: more than a loopback socket takes at once; the server reports the
+    # prompt's length only if it read the whole body
+    huge = list(range(100_000, 100_000 + 900_000))
+    with sim_server() as srv:
+        d = dispatcher(srv.base_url, trace_at([0.0]), prompt=huge)
+        result = d.run()
+    (rec,) = result.records
+    assert d._paced.partial_writes == 1
+    assert rec.status == "ok", rec.error
+    assert rec.prompt_tokens == 900_000  # every id arrived
+
+
+class ClosingServer:
+    """Answers each request with a one-token stream, then closes the connection after `linger_s`
+    without saying so (like a server's keep-alive timeout)."""
+
+    BODY = (
+        b'data: {"choices":[{"text":"x"}],"usage":{"prompt_tokens":2,"completion_tokens":1}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.connections = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(10.0)
+        for _ in range(50):  # bounded
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5.0)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            if head.startswith(b"GET /health"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            else:
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(body) < length:
+                    body += conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"content-length: %d\r\n\r\n" % len(self.BODY) + self.BODY
+                )
+            time.sleep(self.linger_s)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_keep_alive_connection_the_server_closed_is_not_reused() -> None:
+    server = ClosingServer(linger_s=0.05)
+    try:
+        trace = trace_at([0.3 * i for i in range(3)], max_tokens=1)
+        d = dispatcher(server.url, trace)
+        result = d.run()
+    finally:
+        server.close()
+    assert [r.status for r in result.records] == ["ok"] * 3, [r.error for r in result.records]
+    assert all(r.chunk_tokens == [1] for r in result.records)
+    assert d._paced.connections_opened == 3  # each idle connection was found closed
+
+
+def test_https_is_refused_naming_the_setting() -> None:
+    d = Dispatcher(
+        base_url="https://127.0.0.1:1",
+        model="m",
+        trace=trace_at([0.0]),
+        prompts={"r000": [1]},
+        health_timeout_s=0.2,
+        client="paced",
+    )
+    with pytest.raises(ValueError, match=r"dispatch\.client 'paced' speaks plain http"):
+        d.run()
+
+
+def test_unknown_client_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"dispatch\.client must be one of paced, httpx"):
+        Dispatcher(
+            base_url="http://127.0.0.1:1",
+            model="m",
+            trace=trace_at([0.0]),
+            prompts={"r000": [1]},
+            client="aiohttp",
+        )
