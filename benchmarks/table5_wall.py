@@ -50,7 +50,9 @@ def main() -> int:
     if proc.returncode != 0:
         print(proc.stderr[-5000:], file=sys.stderr)
         return proc.returncode
-    counts = collections.Counter(re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)$", proc.stderr, re.M))
+    counts = collections.Counter(
+        re.findall(r"^Finished jobid: \d+ \(Rule: (\w+)\)$", proc.stderr, re.M)
+    )
     print(f"target: {args.target}   cores: {args.cores}")
     print(
         f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}"

@@ -10,22 +10,31 @@ individual gaps). Then searches upward for the highest rate whose measured media
 10% of the true ITL: both the median over requests of each request's mean inter-chunk gap and
 the median of all individual gaps (which exposes a client that reads its streams in bursts).
 
+Beside each rate it measures the machine's own share of the lag, at the same time: the pacer alone
+in a process of its own (servelab.dispatch.paced.Pacer at the same rate, doing nothing else) and,
+if rt-tests is installed, cyclictest at the same period (the kernel's timer wake-up latency).
+
 Usage: .venv/bin/python benchmarks/dispatcher/bench.py [--rates 20 50] [--duration 20] [--search]
+       [--client paced|httpx] [--workers N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import numpy as np
 
 from servelab.dispatch.client import CLIENTS, Dispatcher
+from servelab.dispatch.paced import Pacer
 from servelab.dispatch.parallel import run_parallel
 from servelab.workload.release import TraceRequest
 
@@ -68,6 +77,73 @@ def count_the(texts: list[str]) -> list[int]:
     return [t.count(" the") for t in texts]
 
 
+def _pacer_alone(rate: float, duration: float, conn) -> None:
+    """The pacer by itself in its own process, at the same rate: how late is it with nothing else
+    to do? (The machine's own share of the dispatcher's lag.)"""
+    t0 = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - t0
+
+    n = max(1, int(rate * duration))
+    lates: list[float] = []
+    done = threading.Event()
+
+    def send(due: float, key: str) -> None:
+        lates.append(clock() - due)
+        if len(lates) == n:
+            done.set()
+
+    pacer = Pacer(clock, send, on_crash=lambda exc: done.set())
+    for i in range(n):
+        pacer.push(0.5 + i / rate, str(i))
+    pacer.start()
+    done.wait(duration + 30.0)
+    pacer.stop()
+    conn.send(lates)
+
+
+def _cyclictest(rate: float, duration: float) -> subprocess.Popen | None:
+    """rt-tests' cyclictest at the same period, if installed: the kernel's wake-up latency."""
+    if shutil.which("cyclictest") is None:
+        return None
+    return subprocess.Popen(
+        [
+            "cyclictest",
+            "-q",
+            "-m",
+            "-t",
+            "1",
+            "-h",
+            "20000",
+            "-i",
+            str(int(1e6 / rate)),
+            "-D",
+            str(int(duration)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def _histogram_quantiles(text: str) -> dict:
+    hist = [tuple(map(int, line.split()[:2])) for line in text.splitlines() if line[:1].isdigit()]
+    total = sum(c for _, c in hist)
+    out: dict = {"samples": total}
+    for name, q in (("median", 0.5), ("p99", 0.99)):
+        acc = 0
+        for us, c in hist:
+            acc += c
+            if acc >= q * total:
+                out[f"{name}_ms"] = us / 1e3
+                break
+    maxima = [line for line in text.splitlines() if line.startswith("# Max Latencies")]
+    if maxima:
+        out["max_ms"] = int(maxima[0].split()[-1]) / 1e3
+    return out
+
+
 def run_rate(
     url: str, rate: float, duration: float, max_tokens: int, workers: int = 1, client: str = "paced"
 ) -> dict:
@@ -89,9 +165,17 @@ def run_rate(
         count_tokens=count_the,
         client=client,
     )
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    probe = ctx.Process(target=_pacer_alone, args=(rate, duration, child), daemon=True)
+    probe.start()
+    cyclic = _cyclictest(rate, duration)
     wall0 = time.perf_counter()
     res = run_parallel(**options, workers=workers) if workers > 1 else Dispatcher(**options).run()
     wall = time.perf_counter() - wall0
+    alone = np.array(parent.recv() if parent.poll(60) else [np.nan])
+    probe.join(10)
+    floor_kernel = _histogram_quantiles(cyclic.communicate(timeout=60)[0]) if cyclic else {}
     stats1 = httpx.get(f"{url}/servelab/stats").json()
     true_itl = (stats1["busy_interval_s"] - stats0["busy_interval_s"]) / (
         stats1["busy_intervals"] - stats0["busy_intervals"]
@@ -124,6 +208,10 @@ def run_rate(
         "measured_itl_p99_ms": round(float(np.percentile(per_req, 99)) * 1e3, 3),
         "gap_median_ms": round(float(np.median(gaps)) * 1e3, 3),
         "gap_p99_ms": round(float(np.percentile(gaps, 99)) * 1e3, 3),
+        "pacer_alone_median_ms": round(float(np.median(alone)) * 1e3, 3),
+        "pacer_alone_p99_ms": round(float(np.percentile(alone, 99)) * 1e3, 3),
+        "pacer_alone_max_ms": round(float(alone.max()) * 1e3, 3),
+        "cyclictest": floor_kernel,
     }
 
 

@@ -129,7 +129,9 @@ def test_duplicate_condition_is_refused(study_config):
 def test_paced_client_over_https_is_refused(study_config):
     study_config["kubernetes"]["engine_url"] = "https://{service}.{namespace}:{port}"
     study_config["dispatch"]["client"] = "paced"
-    with pytest.raises(ConfigError, match=r"config key dispatch\.client: 'paced' speaks plain http"):
+    with pytest.raises(
+        ConfigError, match=r"config key dispatch\.client: 'paced' speaks plain http"
+    ):
         validate_config(study_config)
     study_config["dispatch"]["client"] = "httpx"
     validate_config(study_config)

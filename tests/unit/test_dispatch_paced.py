@@ -19,7 +19,9 @@ from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload.release import TraceRequest
 
 
-def run_pacer(pushes: list[tuple[float, str]], late: list[tuple[float, float, str]] = ()):
+def run_pacer(
+    pushes: list[tuple[float, str]], late: list[tuple[float, float, str]] = (), threads: int = 1
+):
     """Push items, optionally more at given times; return (key, due, sent) in send order."""
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0  # noqa: E731
@@ -32,7 +34,7 @@ def run_pacer(pushes: list[tuple[float, str]], late: list[tuple[float, float, st
         if len(sent) == total:
             done.set()
 
-    pacer = Pacer(clock, send, on_crash=lambda exc: done.set())
+    pacer = Pacer(clock, send, on_crash=lambda exc: done.set(), threads=threads)
     for due, key in pushes:
         pacer.push(due, key)
     pacer.start()
@@ -50,9 +52,18 @@ def test_pacer_sends_in_due_order_never_early() -> None:
     assert all(at >= due for _, due, at in sent)
 
 
-def test_an_earlier_push_retimes_the_wait() -> None:
+def test_racing_pacer_threads_send_each_item_once_never_early() -> None:
+    pushes = [(0.002 * (i // 3), f"k{i}") for i in range(150)]  # in threes, 2 ms apart
+    sent = run_pacer(pushes, threads=2)
+    keys = [k for k, _, _ in sent]
+    assert sorted(keys) == sorted(k for _, k in pushes)  # every item, exactly once
+    assert all(at >= due for _, due, at in sent)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_earlier_push_retimes_the_wait(threads: int) -> None:
     # the pacer is waiting for "late" (1 s) when "early" (0.1 s) arrives: early goes first, on time
-    sent = run_pacer([(1.0, "late")], late=[(0.05, 0.1, "early")])
+    sent = run_pacer([(1.0, "late")], late=[(0.05, 0.1, "early")], threads=threads)
     assert [k for k, _, _ in sent] == ["early", "late"]
     early = sent[0]
     assert 0.1 <= early[2] < 0.5
@@ -60,7 +71,7 @@ def test_an_earlier_push_retimes_the_wait() -> None:
 
 def test_pacer_stop_returns_without_sending_future_items() -> None:
     sent: list[str] = []
-    pacer = Pacer(time.perf_counter, lambda due, key: sent.append(key), on_crash=print)
+    pacer = Pacer(time.perf_counter, lambda due, key: sent.append(key), on_crash=print, threads=2)
     pacer.push(time.perf_counter() + 60.0, "never")
     pacer.start()
     t0 = time.monotonic()

@@ -103,6 +103,9 @@ def test_artifacts_follow_the_contract(trace_dir: Path, tokenize, tmp_path: Path
         "tokenizer": manifest["n_requests"] + 2,
     }
     assert run["dispatcher"]["chunk_token_mismatches"] == 0  # text counted with the tokenizer
+    assert run["dispatcher"]["client"] == "paced"  # the default
+    # keep-alive: never more connections than requests, and at least one
+    assert 1 <= run["dispatcher"]["connections_opened"] <= run["n_sent"] + run["n_warmup"]
     rows = table.to_pylist()
     warm = [r for r in rows if r["warmup"]]
     assert [r["request_id"] for r in warm] == ["warmup-00", "warmup-01"]

@@ -1,4 +1,4 @@
-"""The async streaming dispatcher: replays a trace against an OpenAI-compatible server in real time.
+"""The streaming dispatcher: replays a trace against an OpenAI-compatible server in real time.
 
 Run protocol (the same as the simulator's, DESIGN.md "Workload"):
 
@@ -21,9 +21,15 @@ dispatch time, as vLLM's benchmark client and inference-perf stamp it), so the l
 headers reach the socket (pool, connection set-up; httpcore's `http11.send_request_headers.started`
 trace event) is summarised separately in the result (`send_overhead_s`); it is part of TTFT.
 
-Timing precision: the scheduler sleeps until `SPIN_S` before a request is due, then yields to the
-event loop (asyncio.sleep(0)) until the due time, so other streams are served meanwhile and the
-wake-up is not bound to epoll's millisecond timeout granularity.
+Two clients (`client=`, the config's `dispatch.client`): "paced" (servelab.dispatch.paced, the
+default) sends from a pacer thread of its own and reads on the event loop through h11, so a burst
+of chunks never delays a send; "httpx" does both on one event loop through httpx. Both share
+everything else here: the schedule's logic, the records, `ChunkRecorder`, the book-keeping.
+
+Timing precision (httpx client): the scheduler sleeps until `SPIN_S` before a request is due, then
+yields to the event loop (asyncio.sleep(0)) until the due time, so other streams are served
+meanwhile and the wake-up is not bound to epoll's millisecond timeout granularity. The paced
+client's pacer has its own (paced.SPIN_S).
 
 Tokens per chunk (a chunk is not a token): from the cumulative `usage.completion_tokens` the server
 attaches to each chunk when it does (vLLM with `continuous_usage_stats`); otherwise by tokenizing
@@ -677,7 +683,7 @@ class Dispatcher:
             log.info(
                 "t=%.0f s: %d/%d sent, %d done, %d in flight, %d failed",
                 self.clock(),
-                self._launched + len(self.warmup),
+                self._pacer.taken if self._pacer is not None else self._launched + len(self.warmup),
                 total,
                 self._done,
                 self._paced.in_flight() if self._paced is not None else len(self._tasks),
@@ -718,8 +724,6 @@ class Dispatcher:
         rec = self._records[rid]
         rec.scheduled_s = due
         rec.sent_s = self.clock()
-        if not rec.warmup:
-            self._launched += 1
         self._paced.send(rec, self._events[rid])
 
     def _paced_done(self, rec: RequestRecord) -> None:
