@@ -34,11 +34,11 @@ import httpx
 import numpy as np
 
 from servelab.dispatch.client import CLIENTS, Dispatcher
-from servelab.dispatch.paced import Pacer
+from servelab.dispatch.pacer import Pacer
 from servelab.dispatch.parallel import run_parallel
 from servelab.workload.release import TraceRequest
 
-SEARCH_RATES = (20.0, 30.0, 40.0, 50.0, 60.0, 75.0, 100.0, 150.0)
+SEARCH_RATES = (20.0, 30.0, 40.0, 50.0, 60.0, 75.0, 100.0, 150.0, 200.0, 300.0)
 
 
 def within(measured: float, true: float, tolerance: float = 0.10) -> bool:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from servelab.dispatch import Dispatcher
+from servelab.dispatch import Dispatcher, TimedAction
 from servelab.dispatch import paced as paced_module
 from servelab.dispatch.paced import Pacer
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
@@ -217,6 +217,26 @@ def test_a_keep_alive_connection_the_server_closed_is_not_reused() -> None:
     assert [r.status for r in result.records] == ["ok"] * 3, [r.error for r in result.records]
     assert all(r.chunk_tokens == [1] for r in result.records)
     assert d._paced.connections_opened == 3  # each idle connection was found closed
+
+
+def test_a_pacer_process_that_dies_interrupts_the_run_with_everything_recorded() -> None:
+    trace = trace_at([0.0, 0.05], max_tokens=3)
+    trace.append(TraceRequest("long", 2, "planner", 0.1, (), 0.0, 2000))  # ~4 s: in flight
+    trace += [TraceRequest(f"later{i}", 10 + i, "planner", 2.0 + i, (), 0.0, 3) for i in range(2)]
+    with sim_server() as srv:
+        d = dispatcher(srv.base_url, trace)
+        kill = TimedAction(0.5, lambda: d._paced._pacer._proc.kill(), "kill the pacer")
+        d.actions = [kill]
+        t0 = time.monotonic()
+        result = d.run()
+        assert time.monotonic() - t0 < 3.0  # stopped at once, not after the long request
+    by_id = {r.request_id: r for r in result.records}
+    assert result.interrupted
+    assert "pacer process exited unexpectedly" in result.interrupt_reason
+    assert [by_id[k].status for k in ("r000", "r001")] == ["ok", "ok"]
+    assert by_id["long"].status == "error" and by_id["long"].error.startswith("run interrupted")
+    assert all(by_id[f"later{i}"].sent_s is None for i in range(2))
+    assert len(result.records) == len(trace)
 
 
 def test_https_is_refused_naming_the_setting() -> None:

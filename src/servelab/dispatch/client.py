@@ -46,7 +46,6 @@ import json
 import logging
 import math
 import resource
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -411,8 +410,7 @@ class Dispatcher:
         self._send_overheads: list[float] = []
         self._crash: BaseException | None = None
         self._clients: ClientPool  # httpx client: set when the run starts (arun)
-        self._pacer: Any = None  # paced client: the Pacer and PacedClient, set by arun
-        self._paced: Any = None
+        self._paced: Any = None  # the paced client's PacedClient, set by arun
         self._events: dict[str, tuple[Any, Any]] = {}
         self._warm_done = 0
         self._trace_done = 0
@@ -438,9 +436,8 @@ class Dispatcher:
         if not self._records:
             self._prepare()
         self._loop = loop = asyncio.get_running_loop()
-        switch_interval = sys.getswitchinterval()
         if self.client == "paced":
-            from servelab.dispatch.paced import SWITCH_INTERVAL_S, PacedClient, Pacer
+            from servelab.dispatch.paced import PacedClient
 
             self._paced = PacedClient(
                 loop=loop,
@@ -448,15 +445,18 @@ class Dispatcher:
                 clock=self.clock,
                 request_timeout_s=self.request_timeout_s,
                 connect_timeout_s=min(30.0, self.request_timeout_s),
+                requests=self._events,
+                lookup=self._records.__getitem__,
                 on_done=self._paced_done,
+                on_crash=self._pacer_crashed,
             )
-            self._pacer = Pacer(self.clock, self._pace_send, self._pacer_crashed)
             self._clients = ClientPool(self.base_url, 1, timeout)  # health polls only
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
         else:
             self._clients = ClientPool(self.base_url, self.pool, timeout)
         try:
             cpu0 = time.process_time()
+            if self._paced is not None:
+                await self._paced.start()  # loads every request into the pacer process
             if self.clock_origin is None:
                 await wait_healthy(self._clients.clients[0], self.health_timeout_s)
                 self._t0 = time.perf_counter()
@@ -464,8 +464,8 @@ class Dispatcher:
             else:
                 self._t0 = self.clock_origin
                 start_unix = time.time() - self.clock()
-            if self._pacer is not None:
-                self._pacer.start()
+            if self._paced is not None:
+                self._paced.go(self._t0)
             if self.control is not None:
                 loop.add_reader(self.control.fileno(), self._on_control)
             progress = asyncio.create_task(self._progress())
@@ -491,15 +491,14 @@ class Dispatcher:
             duration = self.clock()
             end_unix = start_unix + duration
             cpu = time.process_time() - cpu0
+            if self._paced is not None:
+                cpu += self._paced.pacer_cpu_s  # the client's CPU includes its pacer process
         finally:
-            sys.setswitchinterval(switch_interval)
             if self.control is not None:
                 loop.remove_reader(self.control.fileno())
             if self._paced is not None:
                 self._paced.close()
             await self._clients.aclose()
-        if self._crash is not None:
-            raise DispatchError(f"the pacer thread failed: {self._crash!r}") from self._crash
         self._mark_unsent()
         if self.defer_token_counts:
             sources, mismatches = {}, 0
@@ -589,9 +588,9 @@ class Dispatcher:
         if not self.warmup:
             return
         log.info("sending %d warm-up requests", len(self.warmup))
-        if self._pacer is not None:
+        if self._paced is not None:
             for spec in self.warmup:
-                self._pacer.push(0.0, spec.request_id)
+                self._paced.push(0.0, spec.request_id)
             while self._warm_done < len(self.warmup) and self._stop_reason is None:
                 await self._wait_wake(None)
         else:
@@ -609,7 +608,7 @@ class Dispatcher:
             self._push(self._trace_t0 + t_s, rid)
         total = len(self.trace)
         log.info("trace starts at %.3f s: %d requests", self._trace_t0, total)
-        if self._pacer is not None:  # the pacer sends; the loop waits for every answer
+        if self._paced is not None:  # the pacer sends; the loop waits for every answer
             while self._trace_done < total and self._stop_reason is None:
                 await self._wait_wake(None)
             return
@@ -642,8 +641,8 @@ class Dispatcher:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     def _push(self, due: float, rid: str) -> None:
-        if self._pacer is not None:
-            self._pacer.push(due, rid)
+        if self._paced is not None:
+            self._paced.push(due, rid)
             return
         self._seq += 1
         heapq.heappush(self._heap, (due, self._seq, rid))
@@ -683,7 +682,7 @@ class Dispatcher:
             log.info(
                 "t=%.0f s: %d/%d sent, %d done, %d in flight, %d failed",
                 self.clock(),
-                self._pacer.taken if self._pacer is not None else self._launched + len(self.warmup),
+                self._paced.taken if self._paced is not None else self._launched + len(self.warmup),
                 total,
                 self._done,
                 self._paced.in_flight() if self._paced is not None else len(self._tasks),
@@ -719,13 +718,6 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- the paced client
 
-    def _pace_send(self, due: float, rid: str) -> None:
-        """Pacer thread: the request is due; stamp it and write it."""
-        rec = self._records[rid]
-        rec.scheduled_s = due
-        rec.sent_s = self.clock()
-        self._paced.send(rec, self._events[rid])
-
     def _paced_done(self, rec: RequestRecord) -> None:
         """Loop thread: a paced request has ended."""
         self._finished(rec, not rec.warmup)
@@ -739,24 +731,18 @@ class Dispatcher:
                 self._wake()
 
     def _pacer_crashed(self, exc: BaseException) -> None:
-        """Pacer thread: record the failure and stop the run (the loop raises it at the end)."""
-
-        def stop() -> None:
+        """The pacer failed: the run stops as interrupted, with every request recorded."""
+        log.error("%s: stopping the run", exc)
+        if self._crash is None:
             self._crash = exc
-            if self._stop_reason is None:
-                self._stop_reason = "the pacer thread failed"
-            self._wake()
-
-        self._loop.call_soon_threadsafe(stop)
+        if self._stop_reason is None:
+            self._stop_reason = str(exc)
+        self._wake()
 
     async def _halt_pacer(self) -> None:
         """Stop sending; end what is still streaming with the interruption's reason."""
-        if self._pacer is None:
-            return
-        await asyncio.to_thread(self._pacer.stop)
-        await asyncio.sleep(0)  # hand-overs the pacer queued before it stopped run first
-        if self._paced.in_flight():
-            self._paced.abort(f"run interrupted: {self._stop_reason or 'cancelled'}")
+        if self._paced is not None:
+            await self._paced.stop(f"run interrupted: {self._stop_reason or 'cancelled'}")
 
     async def _stream(self, client: httpx.AsyncClient, rec: RequestRecord) -> None:
         rec.sent_s = sent = self.clock()

@@ -1,24 +1,23 @@
-"""The paced client: a thread of its own sends each request on time; the event loop reads the streams.
+"""The paced client: a pacer process sends each request on time; the event loop reads the streams.
 
 Why a second client. With one event loop doing both, a request that falls due while the loop is
 reading a burst of chunks waits for the burst: the simulated engine (like the real ones) emits to
 every running stream at the end of each iteration, so at 50 requests/s with 128-token streams
 about 130 reads arrive together every iteration, and the httpx stack spends about 160 us of CPU on
 each (docs/benchmarks/dispatcher.md). Here the time-critical part, waiting for the due time and
-writing the request, runs in a pacer thread that never reads a stream, and the reading runs on the
-event loop through h11 (the HTTP/1.1 parser httpx itself uses, via httpcore) on plain sockets.
+writing the request, runs in a pacer process (servelab.dispatch.pacer) that never reads a
+stream, and the reading runs on this process's event loop through h11 (the HTTP/1.1 parser httpx
+itself uses, via httpcore) on plain sockets.
 
-Ownership passes cleanly between the two threads, so no connection is touched by both at once:
-- an idle keep-alive connection sits in a lock-protected pool, registered with nothing;
-- the pacer takes one (or connects), writes the request and hands it to the loop
-  (`call_soon_threadsafe`), which registers it for reading, arms the timeout and records chunks;
-- when the response ends the loop unregisters it and returns it to the pool (or closes it).
+A connection belongs to one side at a time, so nothing is shared:
+- an idle keep-alive connection sits in the pacer's pool;
+- the pacer takes one (or connects), writes the request and passes the socket here, with the
+  request's `scheduled_s`/`sent_s`; the loop registers it for reading, arms the timeout and
+  records the chunks (and writes the rest of a request the socket did not take whole);
+- when the response ends the loop unregisters it and gives it back (or closes it).
 
-A thread waiting for the GIL waits up to the interpreter's switch interval (5 ms by default) while
-the loop thread runs Python code; during a paced run it is lowered to `SWITCH_INTERVAL_S`, so the
-pacer gets the interpreter within about that long once its timer fires. Everything that finishes a
-request (status, dependents' release) happens on the loop thread; the pacer only stamps `sent_s`
-and writes.
+Everything that ends a request (status, dependents' release) happens on the loop; a release
+pushes the dependent into the pacer's schedule.
 
 HTTP only (`http://`): the in-cluster and local endpoints are plain HTTP; use the httpx client for
 `https://`.
@@ -28,12 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
-import select
 import socket
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,132 +36,27 @@ from urllib.parse import urlsplit
 import h11
 
 from servelab.dispatch.client import ChunkRecorder, RequestRecord
+from servelab.dispatch.pacer import PACER_THREADS, SPIN_S, Pacer, PacerProcess
 
 __all__ = [
     "KEEPALIVE_IDLE_S",
     "PACER_THREADS",
     "SPIN_S",
-    "SWITCH_INTERVAL_S",
     "PacedClient",
     "Pacer",
+    "request_bytes",
     "request_events",
 ]
 
 log = logging.getLogger(__name__)
 
-SWITCH_INTERVAL_S = 5e-5
-# The pacer's timer wakes it this long before a request is due; it spins the rest (the machine's
-# wake-up latency, not the timer, dominates: docs/benchmarks/dispatcher.md).
-SPIN_S = 5e-4
-PACER_THREADS = 2
-_PR_SET_TIMERSLACK = 29
 # vLLM and SGLang serve through uvicorn, which closes a connection idle for 5 s: reuse one only well
 # before that, so a request is never written into a connection the server is closing.
 KEEPALIVE_IDLE_S = 2.0
 RECV_BYTES = 1 << 16
+STOP_TIMEOUT_S = 30.0
 _ERROR_BODY_MAX = 300
 _END = h11.EndOfMessage()
-
-
-class Pacer:
-    """Calls `send(due, key)` for each pushed item at its due time, from threads of its own.
-
-    Items are taken in due order (ties in push order), each exactly once. A thread sleeps on a
-    condition variable with a timeout (a futex wait: microsecond resolution, unlike epoll's
-    milliseconds) until `SPIN_S` before the earliest item is due, and is woken early when a push
-    makes a new earliest item; then it spins to the due time, yielding the GIL at every turn.
-
-    `threads` threads race for each item (`PACER_THREADS` by default): on a virtual machine a vCPU
-    can stall for milliseconds (the host runs something else), and a second thread, likely on the
-    other vCPU, then sends in its place. Measured: the pacer's p99 lateness fell from 2.1-3.0 ms
-    with one thread to 0.3-1.3 ms with two, at the same moments (docs/benchmarks/dispatcher.md).
-    """
-
-    def __init__(
-        self,
-        clock: Callable[[], float],
-        send: Callable[[float, str], None],
-        on_crash: Callable[[BaseException], None],
-        name: str = "servelab-pacer",
-        threads: int = 0,
-    ) -> None:
-        self._clock = clock
-        self._send = send
-        self._on_crash = on_crash
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, str]] = []
-        self._seq = 0
-        self._stopped = False
-        self.taken = 0  # items handed to `send` so far
-        self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-            for i in range(threads or PACER_THREADS)
-        ]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def push(self, due: float, key: str) -> None:
-        with self._cond:
-            self._seq += 1
-            heapq.heappush(self._heap, (due, self._seq, key))
-            if self._heap[0][1] == self._seq:  # a new earliest item: re-time the wait
-                self._cond.notify_all()
-
-    def stop(self) -> None:
-        """Send nothing more; returns when a send under way has finished."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join()
-
-    def _run(self) -> None:
-        _tighten_timer_slack()
-        clock, cond, heap = self._clock, self._cond, self._heap
-        try:
-            while True:
-                spin_until = None
-                with cond:
-                    while True:
-                        if self._stopped:
-                            return
-                        if not heap:
-                            cond.wait()
-                            continue
-                        remaining = heap[0][0] - clock()
-                        if remaining <= 0.0:
-                            due, _, key = heapq.heappop(heap)
-                            self.taken += 1
-                            if heap:  # the next item may be due at once: let another thread look
-                                cond.notify()
-                            break
-                        if remaining > SPIN_S:
-                            cond.wait(remaining - SPIN_S)
-                            continue
-                        spin_until = heap[0][0]  # close: spin, outside the lock
-                        break
-                if spin_until is not None:
-                    while clock() < spin_until:
-                        time.sleep(0)  # releases the GIL: the loop thread keeps reading
-                    continue
-                self._send(due, key)
-        except BaseException as exc:  # a bug here must end the run, not hang it
-            log.exception("pacer thread failed")
-            self._on_crash(exc)
-
-
-def _tighten_timer_slack() -> None:
-    """Ask Linux for 1 ns of timer slack in this thread (the default, 50 us, delays every wake-up)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: keep the default
-        pass
 
 
 def request_events(base_url: str, body: bytes) -> tuple[h11.Request, h11.Data]:
@@ -219,11 +109,18 @@ class _Connection:
             self.sock.close()
 
 
-class PacedClient:
-    """Sends (pacer thread) and streams (event loop) completion requests on plain sockets.
+def request_bytes(events: Sequence[Any]) -> bytes:
+    """The bytes h11 writes for a request's events (what the pacer sends)."""
+    conn = h11.Connection(h11.CLIENT)
+    return b"".join(conn.send(e) or b"" for e in [*events, _END])
 
-    `on_done(rec)` is called on the loop thread exactly once for every request given to `send`,
-    whatever happened to it; the record's `status`/`error` say what.
+
+class PacedClient:
+    """Sends (pacer process) and streams (this event loop) completion requests on plain sockets.
+
+    `requests` maps every request id that may be pushed to its h11 events; `lookup` gives the
+    record of a request id. `on_done(rec)` is called on the loop exactly once for every request
+    the pacer takes, whatever happened to it; the record's `status`/`error` say what.
     """
 
     def __init__(
@@ -234,7 +131,10 @@ class PacedClient:
         clock: Callable[[], float],
         request_timeout_s: float,
         connect_timeout_s: float,
+        requests: dict[str, Sequence[Any]],
+        lookup: Callable[[str], RequestRecord],
         on_done: Callable[[RequestRecord], None],
+        on_crash: Callable[[BaseException], None],
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -242,89 +142,131 @@ class PacedClient:
                 f"dispatch.client 'paced' speaks plain http:// only, not {base_url!r}; "
                 "use dispatch.client 'httpx'"
             )
-        self._host = parts.hostname
-        self._port = parts.port or 80
-        self._address: Any = None  # resolved on the first connect, then kept
         self._loop = loop
         self._clock = clock
         self._timeout_s = float(request_timeout_s)
         self._connect_timeout_s = float(connect_timeout_s)
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._events = requests
+        self._bytes = {rid: request_bytes(events) for rid, events in requests.items()}
+        self._lookup = lookup
         self._on_done = on_done
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
-        self._active: set[_Connection] = set()  # loop thread only
+        self._on_crash = on_crash
+        self._pacer: PacerProcess | None = None
+        self._stopped: asyncio.Future[int] | None = None
+        self._gone = False
+        self._active: set[_Connection] = set()
         self._writes: set[asyncio.Task[None]] = set()
         self.send_overheads: list[float] = []
         self.connections_opened = 0
         self.partial_writes = 0  # requests the socket did not take whole (the loop wrote the rest)
+        self.taken = 0  # requests the pacer has sent (or failed to)
+        self.pacer_cpu_s = 0.0  # the pacer process's CPU time, reported when it stops
 
-    # ------------------------------------------------------------ pacer thread
+    # ------------------------------------------------------------ the pacer process
 
-    def send(self, rec: RequestRecord, events: Sequence[Any]) -> None:
-        """Write `rec`'s request now (its `sent_s` is stamped) and hand it to the loop."""
-        try:
-            conn = self._checkout()
-        except OSError as exc:
-            self._loop.call_soon_threadsafe(
-                self._not_started, rec, None, _os_error("ConnectError", exc)
-            )
+    async def start(self) -> None:
+        """Start the pacer process (before the clock starts: it loads every request)."""
+        infos = await self._loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+        self._pacer = await asyncio.to_thread(
+            PacerProcess,
+            address=infos[0],
+            requests=self._bytes,
+            connect_timeout_s=self._connect_timeout_s,
+            keepalive_idle_s=KEEPALIVE_IDLE_S,
+        )
+        self._loop.add_reader(self._pacer.fileno(), self._on_message)
+
+    def go(self, clock_origin: float) -> None:
+        assert self._pacer is not None
+        self._pacer.go(clock_origin)
+
+    def push(self, due: float, request_id: str) -> None:
+        assert self._pacer is not None
+        self._pacer.push(due, request_id)
+
+    async def stop(self, reason: str) -> None:
+        """Stop sending, take in what the pacer sent meanwhile, end what is still streaming with
+        `reason` (nothing is left in flight when it returns)."""
+        if self._pacer is None:
             return
-        conn.rec = rec
-        try:
-            data = b"".join([conn.h11.send(e) or b"" for e in events]) + (
-                conn.h11.send(_END) or b""
-            )
+        if self._stopped is None:
+            self._stopped = self._loop.create_future()
             try:
-                written = conn.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                written = 0
-        except (OSError, h11.LocalProtocolError) as exc:
-            self._loop.call_soon_threadsafe(
-                self._not_started, rec, conn, _os_error("WriteError", exc)
-            )
+                if self._gone:
+                    raise RuntimeError("the pacer process is gone")
+                self._pacer.stop()
+            except (RuntimeError, OSError):
+                self._stopped.set_result(-1)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._stopped), STOP_TIMEOUT_S)
+        for conn in list(self._active):
+            self._fail(conn, reason)
+
+    def _on_message(self) -> None:
+        assert self._pacer is not None
+        for _ in range(1000):  # bounded: the rest waits for the next callback
+            try:
+                got = self._pacer.recv()
+            except EOFError as exc:
+                self._pacer_gone(exc)
+                return
+            if got is None:
+                return
+            message, sock = got
+            kind = message[0]
+            if kind == "sent":
+                _, rid, due, sent_s, overhead_s, written, fresh = message
+                assert sock is not None
+                self._sent(rid, due, sent_s, overhead_s, written, bool(fresh), sock)
+            elif kind == "failed":
+                _, rid, due, sent_s, error = message
+                self.taken += 1
+                rec = self._lookup(rid)
+                rec.scheduled_s, rec.sent_s = due, sent_s
+                rec.status, rec.error = "error", error
+                self._on_done(rec)
+            elif kind == "stopped":
+                self.pacer_cpu_s = float(message[2])
+                if self._stopped is not None and not self._stopped.done():
+                    self._stopped.set_result(int(message[1]))
+            elif kind == "crashed":
+                self._on_crash(RuntimeError(f"the pacer failed: {message[1]}"))
+
+    def _pacer_gone(self, exc: BaseException) -> None:
+        assert self._pacer is not None
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._pacer.fileno())
+        self._gone = True
+        if self._stopped is not None:
+            if not self._stopped.done():
+                self._stopped.set_result(-1)
             return
-        self.send_overheads.append(self._clock() - rec.sent_s)  # type: ignore[operator]
-        self._loop.call_soon_threadsafe(self._started, conn, data[written:])
+        self._on_crash(RuntimeError(f"the pacer process exited unexpectedly ({exc})"))
 
-    def _checkout(self) -> _Connection:
-        now = self._clock()
-        while True:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                return self._connect()
-            # too old (the server may be closing it) or readable while idle (closed or reset)
-            if now - conn.idle_since > KEEPALIVE_IDLE_S or _readable(conn.sock):
-                conn.close()
-                continue
-            return conn
-
-    def _connect(self) -> _Connection:
-        if self._address is None:
-            infos = socket.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
-            self._address = infos[0]
-        family, kind, proto, _, address = self._address
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.settimeout(self._connect_timeout_s)
-            sock.connect(address)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        with self._lock:  # pacer threads may connect at once
-            self.connections_opened += 1
-        return _Connection(sock)
+    def _sent(
+        self,
+        rid: str,
+        due: float,
+        sent_s: float,
+        overhead_s: float,
+        written: int,
+        fresh: bool,
+        sock: socket.socket,
+    ) -> None:
+        self.taken += 1
+        rec = self._lookup(rid)
+        rec.scheduled_s, rec.sent_s = due, sent_s
+        self.send_overheads.append(overhead_s)
+        self.connections_opened += fresh
+        conn = _Connection(sock)
+        for event in self._events[rid]:  # our h11 state: the request has gone out
+            conn.h11.send(event)
+        conn.h11.send(_END)
+        conn.rec = rec
+        self._started(conn, self._bytes[rid][written:])
 
     # ------------------------------------------------------------ event loop thread
-
-    def _not_started(self, rec: RequestRecord, conn: _Connection | None, error: str) -> None:
-        if conn is not None:
-            conn.close()
-        rec.status = "error"
-        rec.error = error
-        self._on_done(rec)
 
     def _started(self, conn: _Connection, rest: bytes) -> None:
         rec = conn.rec
@@ -400,14 +342,11 @@ class PacedClient:
             rec.error = f"HTTP {conn.status}: {body[:_ERROR_BODY_MAX]}"
         self._detach(conn)
         h = conn.h11
-        if h.our_state is h11.DONE and h.their_state is h11.DONE:
-            h.start_next_cycle()
-            conn.rec, conn.recorder, conn.status, conn.error_body = None, None, 0, b""
-            conn.idle_since = self._clock()
-            with self._lock:
-                self._idle.append(conn)
-        else:
-            conn.close()
+        if h.our_state is h11.DONE and h.their_state is h11.DONE and self._stopped is None:
+            with contextlib.suppress(RuntimeError, OSError):  # a pacer gone: just close it
+                assert self._pacer is not None
+                self._pacer.give_back(conn.sock, self._clock())
+        conn.close()  # the pacer has its own descriptor of a connection given back
         self._on_done(rec)
 
     def _fail(self, conn: _Connection, error: str | None) -> None:
@@ -438,26 +377,14 @@ class PacedClient:
         with contextlib.suppress(OSError, ValueError):  # already closed
             self._loop.remove_reader(conn.sock.fileno())
 
-    def abort(self, reason: str) -> None:
-        """End every request still streaming with `reason` (call after the pacer has stopped)."""
-        for conn in list(self._active):
-            self._fail(conn, reason)
-
     def in_flight(self) -> int:
         return len(self._active)
 
     def close(self) -> None:
+        """End the pacer process (its idle connections close with it)."""
         for task in list(self._writes):
             task.cancel()
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-
-def _readable(sock: socket.socket) -> bool:
-    try:
-        ready, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(ready)
+        if self._pacer is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(self._pacer.fileno())
+            self._pacer.close()
