@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import h11
 
 from servelab.dispatch.client import ChunkRecorder, RequestRecord
-from servelab.dispatch.pacer import PACER_THREADS, SPIN_S, Pacer, PacerProcess
+from servelab.dispatch.pacer import PACER_THREADS, SPIN_S, Pacer, PacerProcess, os_error
 
 __all__ = [
     "KEEPALIVE_IDLE_S",
@@ -73,10 +73,6 @@ def request_events(base_url: str, body: bytes) -> tuple[h11.Request, h11.Data]:
         ],
     )
     return request, h11.Data(data=body)
-
-
-def _os_error(kind: str, exc: BaseException) -> str:
-    return f"{kind}: {exc}" if str(exc) else f"{kind}: {type(exc).__name__}"
 
 
 class _Connection:
@@ -287,7 +283,7 @@ class PacedClient:
             await self._loop.sock_sendall(conn.sock, rest)
         except OSError as exc:
             if conn in self._active:
-                self._fail(conn, _os_error("WriteError", exc))
+                self._fail(conn, os_error("WriteError", exc))
 
     def _readable(self, conn: _Connection) -> None:
         try:
@@ -295,7 +291,7 @@ class PacedClient:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._fail(conn, _os_error("ReadError", exc))
+            self._fail(conn, os_error("ReadError", exc))
             return
         now = self._clock()
         rec = conn.rec

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACER_THREADS", "SPIN_S", "Pacer", "PacerProcess"]
+__all__ = ["PACER_THREADS", "SPIN_S", "Pacer", "PacerProcess", "os_error"]
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class _Sender:
         try:
             sock, fresh = self._checkout(sent)
         except OSError as exc:
-            self.reply(("failed", request_id, due, sent, _os_error("ConnectError", exc)))
+            self.reply(("failed", request_id, due, sent, os_error("ConnectError", exc)))
             return
         try:
             written = sock.send(self._requests[request_id])
@@ -326,7 +326,7 @@ class _Sender:
             written = 0
         except OSError as exc:
             sock.close()
-            self.reply(("failed", request_id, due, sent, _os_error("WriteError", exc)))
+            self.reply(("failed", request_id, due, sent, os_error("WriteError", exc)))
             return
         overhead = self._clock() - sent
         self.reply(("sent", request_id, due, sent, overhead, written, fresh), sock)
@@ -339,7 +339,8 @@ class _Sender:
             sock.close()
 
 
-def _os_error(kind: str, exc: BaseException) -> str:
+def os_error(kind: str, exc: BaseException) -> str:
+    """`Kind: message` of an OSError (httpx's wording: ConnectError, ReadError, WriteError)."""
     return f"{kind}: {exc}" if str(exc) else f"{kind}: {type(exc).__name__}"
 
 
