@@ -6,6 +6,7 @@ request larger than the socket buffer, stale keep-alive connections, plain-http 
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from servelab.dispatch import Dispatcher, TimedAction
 from servelab.dispatch import paced as paced_module
-from servelab.dispatch.paced import Pacer
+from servelab.dispatch.pacer import PUSH_BATCH, Pacer, PacerProcess
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload.release import TraceRequest
 
@@ -93,6 +94,61 @@ def test_a_failing_send_reports_the_crash() -> None:
     assert event.wait(5.0)
     pacer.stop()
     assert "boom on x" in str(crashed[0])
+
+
+def test_pacer_push_many_retimes_for_a_new_earliest_item() -> None:
+    t0 = time.perf_counter()
+    sent: list[str] = []
+    done = threading.Event()
+
+    def send(due: float, key: str) -> None:
+        sent.append(key)
+        if len(sent) == 3:
+            done.set()
+
+    pacer = Pacer(lambda: time.perf_counter() - t0, send, on_crash=print, threads=1)
+    pacer.push_many([(1.0, "c")])
+    pacer.start()
+    time.sleep(0.05)
+    pacer.push_many([(0.2, "b"), (0.1, "a")])  # both before the waited-for item
+    assert done.wait(5.0)
+    pacer.stop()
+    assert sent == ["a", "b", "c"]
+
+
+def test_pacer_process_reports_every_request_it_takes() -> None:
+    """More requests than one push message holds, to a port nobody listens on: every one comes
+    back, once, as failed with the connection error; stop is acknowledged."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = socket.getaddrinfo("127.0.0.1", port, type=socket.SOCK_STREAM)[0]
+    n = 2 * PUSH_BATCH + 50
+    requests = {f"r{i}": b"POST / HTTP/1.1\r\n\r\n" for i in range(n)}
+    pacer = PacerProcess(
+        address=address, requests=requests, connect_timeout_s=1.0, keepalive_idle_s=2.0
+    )
+    got: list[tuple] = []
+    try:
+        pacer.go(time.perf_counter())
+        pacer.push([(0.0, f"r{i}") for i in range(n)])
+        deadline = time.monotonic() + 30.0
+        while len(got) < n and time.monotonic() < deadline:
+            select.select([pacer], [], [], 0.5)
+            while (item := pacer.recv()) is not None:
+                got.append(item[0])
+        pacer.stop()
+        stopped = None
+        while stopped is None and time.monotonic() < deadline:
+            select.select([pacer], [], [], 0.5)
+            item = pacer.recv()
+            if item is not None and item[0][0] == "stopped":
+                stopped = item[0]
+    finally:
+        pacer.close()
+    assert sorted(m[1] for m in got) == sorted(requests)
+    assert all(m[0] == "failed" and m[4].startswith("ConnectError: ") for m in got)
+    assert stopped is not None and stopped[1] == n and stopped[2] > 0.0  # taken, CPU seconds
 
 
 def sim_server() -> ServerThread:

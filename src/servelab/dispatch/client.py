@@ -589,8 +589,7 @@ class Dispatcher:
             return
         log.info("sending %d warm-up requests", len(self.warmup))
         if self._paced is not None:
-            for spec in self.warmup:
-                self._paced.push(0.0, spec.request_id)
+            self._paced.push([(0.0, spec.request_id) for spec in self.warmup])
             while self._warm_done < len(self.warmup) and self._stop_reason is None:
                 await self._wait_wake(None)
         else:
@@ -604,8 +603,7 @@ class Dispatcher:
         log.info("warm-up done at %.3f s: %d/%d ok", self.clock(), ok, len(self.warmup))
 
     async def _run_trace(self) -> None:
-        for t_s, rid in self.tracker.initial():
-            self._push(self._trace_t0 + t_s, rid)
+        self._push([(self._trace_t0 + t_s, rid) for t_s, rid in self.tracker.initial()])
         total = len(self.trace)
         log.info("trace starts at %.3f s: %d requests", self._trace_t0, total)
         if self._paced is not None:  # the pacer sends; the loop waits for every answer
@@ -640,12 +638,16 @@ class Dispatcher:
                 task.cancel()
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    def _push(self, due: float, rid: str) -> None:
-        if self._paced is not None:
-            self._paced.push(due, rid)
+    def _push(self, items: list[tuple[float, str]]) -> None:
+        """Schedule (due, request id) items (one message to the paced client's pacer)."""
+        if not items:
             return
-        self._seq += 1
-        heapq.heappush(self._heap, (due, self._seq, rid))
+        if self._paced is not None:
+            self._paced.push(items)
+            return
+        for due, rid in items:
+            self._seq += 1
+            heapq.heappush(self._heap, (due, self._seq, rid))
         self._wake()
 
     def _wake(self) -> None:
@@ -713,8 +715,8 @@ class Dispatcher:
         if rec.status != "ok":
             self._errors += 1
         if trace and self._stop_reason is None:
-            for t_s, dep in self.tracker.finish(rec.request_id, rec.finished_s - self._trace_t0):
-                self._push(self._trace_t0 + t_s, dep)
+            released = self.tracker.finish(rec.request_id, rec.finished_s - self._trace_t0)
+            self._push([(self._trace_t0 + t_s, dep) for t_s, dep in released])
 
     # ----------------------------------------------------------------- the paced client
 

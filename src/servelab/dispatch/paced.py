@@ -177,9 +177,10 @@ class PacedClient:
         assert self._pacer is not None
         self._pacer.go(clock_origin)
 
-    def push(self, due: float, request_id: str) -> None:
+    def push(self, items: Sequence[tuple[float, str]]) -> None:
+        """Schedule (due, request id) items."""
         assert self._pacer is not None
-        self._pacer.push(due, request_id)
+        self._pacer.push(items)
 
     async def stop(self, reason: str) -> None:
         """Stop sending, take in what the pacer sent meanwhile, end what is still streaming with

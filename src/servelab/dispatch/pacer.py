@@ -12,7 +12,7 @@ reads the response. A finished connection the server keeps alive comes back the 
 The parent/child protocol (pickled tuples, one SOCK_SEQPACKET message each):
 
     parent -> child   ("go", clock_origin)              the run's clock starts (perf_counter value)
-                      ("push", due_s, request_id)       schedule a request
+                      ("push", [(due_s, request_id)..]) schedule requests (at most PUSH_BATCH)
                       ("idle", idle_since_s) + socket   a keep-alive connection to reuse
                       ("stop",)                         send nothing more; reply "stopped"
     child -> parent   ("ready",)                        started, requests loaded
@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ SWITCH_INTERVAL_S = 5e-5
 READY_TIMEOUT_S = 60.0
 _PR_SET_TIMERSLACK = 29
 _MESSAGE_BYTES = 1 << 16
+PUSH_BATCH = 256  # (due, request id) pairs per message: about 15 KB pickled
 
 
 class Pacer:
@@ -99,10 +100,15 @@ class Pacer:
             thread.start()
 
     def push(self, due: float, key: str) -> None:
+        self.push_many([(due, key)])
+
+    def push_many(self, items: Sequence[tuple[float, str]]) -> None:
         with self._cond:
-            self._seq += 1
-            heapq.heappush(self._heap, (due, self._seq, key))
-            if self._heap[0][1] == self._seq:  # a new earliest item: re-time the waits
+            earliest = self._heap[0][0] if self._heap else None
+            for due, key in items:
+                self._seq += 1
+                heapq.heappush(self._heap, (due, self._seq, key))
+            if earliest is None or self._heap[0][0] < earliest:  # re-time the waits
                 self._cond.notify_all()
 
     def stop(self) -> None:
@@ -226,8 +232,10 @@ class PacerProcess:
     def go(self, clock_origin: float) -> None:
         self._send(("go", clock_origin))
 
-    def push(self, due: float, request_id: str) -> None:
-        self._send(("push", due, request_id))
+    def push(self, items: Sequence[tuple[float, str]]) -> None:
+        items = list(items)
+        for start in range(0, len(items), PUSH_BATCH):  # each message well below _MESSAGE_BYTES
+            self._send(("push", items[start : start + PUSH_BATCH]))
 
     def give_back(self, sock: socket.socket, idle_since: float) -> None:
         self._send(("idle", idle_since), sock)
@@ -373,7 +381,7 @@ def child_main(fd: int) -> int:
             message = pickle.loads(data)
             kind = message[0]
             if kind == "push":
-                pacer.push(message[1], message[2])
+                pacer.push_many(message[1])
             elif kind == "idle":
                 sender.idle(message[1], socket.socket(fileno=fds[0]))
             elif kind == "go":
