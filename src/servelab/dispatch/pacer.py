@@ -2,9 +2,9 @@
 
 Why a process. In the dispatcher's own process the pacer threads share the interpreter lock with
 the event loop that reads every stream; when the loop's vCPU stalls while it holds the lock (on a
-virtual machine the host preempts vCPUs for milliseconds), the pacers wait too. Measured at the
-same moments: the pacer alone in a process p99 0.3-1.8 ms, inside the dispatcher's process
-1.6-3.1 ms (docs/benchmarks/dispatcher.md). So the pacer runs in a child process that does only
+virtual machine the host preempts vCPUs for milliseconds), the pacers wait too. Measured at 50
+requests/s, at the same moments: p99 lateness 0.6-2.2 ms for the pacer alone in a process,
+1.6-3.9 ms for the same pacer inside the dispatcher's process (docs/benchmarks/dispatcher.md). So the pacer runs in a child process that does only
 this: keep the schedule, take an idle keep-alive connection (or connect), write the request's
 bytes, and pass the connected socket to the parent (SCM_RIGHTS over a Unix socket pair), which
 reads the response. A finished connection the server keeps alive comes back the same way.
@@ -70,8 +70,8 @@ class Pacer:
 
     `threads` threads race for each item (`PACER_THREADS` by default): on a virtual machine a vCPU
     can stall for milliseconds (the host runs something else), and a second thread, likely on the
-    other vCPU, then sends in its place. Measured: the pacer's p99 lateness was 2.1-3.0 ms with one
-    thread and 0.3-1.3 ms with two, at the same moments (docs/benchmarks/dispatcher.md).
+    other vCPU, then sends in its place. Measured side by side five times: p99 lateness 0.6-3.0 ms
+    with one thread, 0.3-2.3 ms with two, lower with two every time (docs/benchmarks/dispatcher.md).
     """
 
     def __init__(
