@@ -76,18 +76,16 @@ def request_events(base_url: str, body: bytes) -> tuple[h11.Request, h11.Data]:
 
 
 class _Connection:
-    """One keep-alive HTTP/1.1 connection and the request it is serving."""
+    """A connection while it serves one request (between requests the pacer keeps it)."""
 
     __slots__ = (
         "deadline",
         "error_body",
         "h11",
-        "idle_since",
         "rec",
         "recorder",
         "sock",
         "status",
-        "trace",
     )
 
     def __init__(self, sock: socket.socket) -> None:
@@ -98,7 +96,6 @@ class _Connection:
         self.status = 0
         self.error_body = b""
         self.deadline: asyncio.TimerHandle | None = None
-        self.idle_since = 0.0
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
