@@ -260,6 +260,46 @@ def test_interrupt_records_in_flight_and_unsent_requests(client: str) -> None:
     assert table.num_rows == len(trace)
 
 
+def test_a_watch_stops_the_run_when_it_gives_a_reason(client: str) -> None:
+    trace = independent([0.0, 0.05], max_tokens=4)
+    trace.append(TraceRequest("long", 2, "planner", 0.1, (), 0.0, 1000))  # ~4 s: in flight
+    trace += independent([2.0, 2.5], prefix="later")
+    calls: list[float] = []
+
+    def check() -> str | None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("API server did not answer")  # logged, tried again
+        return "GPU node replaced" if len(calls) == 3 else None
+
+    watch = TimedAction(0.2, check, "node watch", every_s=0.1)
+    with server() as srv:
+        t0 = time.monotonic()
+        result = dispatch(srv, trace, actions=[watch], client=client).run()
+        elapsed = time.monotonic() - t0
+    assert len(calls) == 3  # the third look gave the reason; no more looks after it
+    assert elapsed < 1.5  # stopped then, not at the end of the long request
+    assert result.interrupted
+    assert result.interrupt_reason.startswith("GPU node replaced (seen by the node watch at 0.")
+    by_id = {r.request_id: r for r in result.records}
+    assert [by_id[k].status for k in ("r000", "r001")] == ["ok", "ok"]
+    assert by_id["long"].status == "error" and by_id["long"].error.startswith("run interrupted")
+    assert all(by_id[f"later{i:03d}"].sent_s is None for i in range(2))
+
+
+def test_a_quiet_watch_is_cancelled_when_the_run_ends(client: str) -> None:
+    calls: list[float] = []
+    watch = TimedAction(0.05, lambda: calls.append(1), "node watch", every_s=0.05)
+    with server() as srv:
+        t0 = time.monotonic()
+        result = dispatch(srv, independent([0.0, 0.1]), actions=[watch], client=client).run()
+        assert time.monotonic() - t0 < 3.0
+    assert not result.interrupted and all(r.status == "ok" for r in result.records)
+    n = len(calls)
+    time.sleep(0.2)
+    assert len(calls) == n  # nothing runs after the run
+
+
 def test_unhealthy_server_is_a_bounded_dispatch_error(client: str) -> None:
     import socket
 

@@ -122,6 +122,35 @@ def test_artifacts_follow_the_contract(trace_dir: Path, tokenize, tmp_path: Path
     )
 
 
+def test_a_node_that_changes_mid_run_stops_it(trace_dir: Path, tmp_path: Path) -> None:
+    from servelab.deploy.node import detect_reclamation
+
+    reads = {"n": 0}
+
+    def identity() -> dict:
+        reads["n"] += 1
+        return {"name": "gpu-1", "uid": "a" if reads["n"] < 3 else "b"}
+
+    with ServerThread(
+        lambda: SimServer(ConstantModel("vllm", itl_s=0.05), engine="vllm", served_model_name="m")
+    ) as srv:
+        record = run_files(
+            srv.base_url,
+            trace_dir,
+            tmp_path,
+            engine="vllm",
+            node_identity_fn=identity,
+            node_watch_s=0.2,
+            node_change=detect_reclamation,
+        )
+    assert record["status"] == "interrupted"
+    assert record["interrupted_reason"].startswith(
+        "GPU node replaced during the run: uid a -> b (seen by the node watch at"
+    )
+    assert record["node"]["start"]["uid"] == "a" and record["node"]["end"]["uid"] == "b"
+    assert record["n_ok"] < record["n_sent"] or record["n_sent"] < record["n_requests"]
+
+
 def test_a_trace_that_fails_validation_is_never_dispatched(trace_dir: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -334,6 +334,7 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         if reclaim:
             cluster.reclaim_node()
         end = dict(kw["node_identity_fn"]())
+        seen["identities"] = (start, end)
         table = pa.Table.from_pylist([], REQUESTS_SCHEMA)
         record = build_run_record(
             arm=kw["arm"],
@@ -397,11 +398,18 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
     assert seen["pull"]["prometheus_url"] == study["telemetry"]["prometheus_url"]
     assert json.loads((run_dir / "run.json").read_text()) == record
     assert (run_dir / "requests.parquet").is_file() and (run_dir / "scrape.parquet").is_file()
+    # the node watch during the run: every kubernetes.node_watch_s, the same test as at the end
+    assert seen["dispatch"]["node_watch_s"] == study["kubernetes"]["node_watch_s"] == 15
+    watch_reason = seen["dispatch"]["node_change"](*seen["identities"])
     if reclaim:
         assert record["status"] == "interrupted"
         assert record["reclaimed_reason"].startswith("engine pod replaced during the run")
+        assert watch_reason == record["reclaimed_reason"]
     else:
         assert "reclaimed_reason" not in record and record["node"]["start"] == record["node"]["end"]
+        assert watch_reason is None
+    gone = seen["dispatch"]["node_change"](seen["identities"][0], {"pod_gone": True})
+    assert gone == "the engine pod was gone during the run"
 
 
 def test_a_gated_pod_is_not_read_again_but_a_new_pod_is(study: dict, tmp_path: Path) -> None:

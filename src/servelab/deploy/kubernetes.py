@@ -787,7 +787,9 @@ class KubernetesBackend:
         first request and after the last; when they differ the run is `interrupted` with a
         `reclaimed_reason`, which makes the campaign discard and repeat the condition. Then the
         run's Prometheus window (telemetry.prometheus_url) is pulled into scrape.parquet and
-        run.json is written last. Reclamation is detected at the end of the run, not during it.
+        run.json is written last. During the run node identity is read every
+        `kubernetes.node_watch_s` seconds (default 15) and a change stops the run at once, so a
+        reclaimed node does not keep it going (in-flight requests recorded as interrupted).
         """
         from servelab.artifacts import REQUESTS_SCHEMA, write_parquet
         from servelab.dispatch.run import dispatch_run
@@ -825,6 +827,8 @@ class KubernetesBackend:
             ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
             workers=int(request.dispatch.get("workers", 1)),
             client=str(request.dispatch.get("client", "paced")),
+            node_watch_s=float(self.settings["node_watch_s"]),
+            node_change=_node_change,
             extra={
                 "kubernetes": {
                     "namespace": self.namespace,
@@ -857,16 +861,21 @@ class KubernetesBackend:
         return record
 
 
-def _reclamation(node: Mapping[str, Any]) -> str | None:
+def _reclamation(node: Mapping[str, Any], when: str = "at the end of the run") -> str | None:
     """Why the run's node/pod changed, from the record's node.start / node.end (None if not)."""
     start, end = node.get("start"), node.get("end")
     if not isinstance(start, Mapping) or not isinstance(end, Mapping):
         return None
     if "error" in end:
-        return f"node identity unreadable at the end of the run ({end['error']})"
+        return f"node identity unreadable {when} ({end['error']})"
     if end.get("pod_gone"):
-        return "the engine pod was gone at the end of the run"
+        return f"the engine pod was gone {when}"
     return detect_reclamation(start, end)
+
+
+def _node_change(start: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """The node watch's test during a run (servelab.dispatch.run.node_watch)."""
+    return _reclamation({"start": start, "end": now}, when="during the run")
 
 
 def _interval_s(text: str) -> float:

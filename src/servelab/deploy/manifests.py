@@ -78,6 +78,7 @@ DEFAULTS: dict[str, Any] = {
     "resources": {"cpu": "4", "memory": "16Gi"},
     "image_pull_policy": "IfNotPresent",
     "termination_grace_period_s": 30,
+    "node_watch_s": 15,  # seconds between node-identity reads during a run (0: start and end only)
     "model_volume": {
         "claim_name": "servelab-models",
         "size": "60Gi",

@@ -66,6 +66,7 @@ __all__ = [
     "RequestSpec",
     "TimedAction",
     "pool_size",
+    "run_timed_action",
     "wait_healthy",
 ]
 
@@ -140,12 +141,49 @@ class TimedAction:
 
     With `stop_run`, the dispatch stops once the action has run: in-flight requests are recorded as
     errors and requests not yet sent as errors with no `sent_s` (a reclaimed node, for instance).
+
+    With `every_s`, a watch: `action` runs at `at_s` and every `every_s` after until the run ends,
+    and returns why the run must stop (a non-empty string) or None; when it gives a reason the
+    dispatch stops as with `stop_run`. A watch that raises is logged and tried again next time.
     """
 
     at_s: float
     action: Callable[[], Any]
     reason: str
     stop_run: bool = False
+    every_s: float | None = None
+
+
+async def run_timed_action(
+    action: TimedAction,
+    *,
+    clock: Callable[[], float],
+    stop: Callable[[str], None],
+    started: set[TimedAction],
+) -> None:
+    """Run `action` on the run's `clock`; `stop(reason)` stops the run. A one-off action joins
+    `started` when it starts (it then completes before the run ends); a watch never does (it is
+    cancelled when the run ends)."""
+    at = action.at_s
+    while True:
+        await asyncio.sleep(max(0.0, at - clock()))
+        if action.every_s is None:
+            started.add(action)
+            log.warning("at %.3f s: %s", clock(), action.reason)
+            if action.stop_run:  # stop sending at once; the action (a restart) may take a while
+                stop(f"{action.reason} at {action.at_s:g} s")
+            await asyncio.to_thread(action.action)
+            return
+        try:
+            reason = await asyncio.to_thread(action.action)
+        except Exception as exc:  # e.g. the API server did not answer: look again next time
+            log.warning("%s at %.1f s failed: %s", action.reason, clock(), describe_error(exc))
+            reason = None
+        if reason:
+            log.warning("at %.3f s: %s: %s", clock(), action.reason, reason)
+            stop(f"{reason} (seen by the {action.reason} at {clock():.1f} s)")
+            return
+        at += max(action.every_s, 0.01)
 
 
 @dataclass
@@ -669,13 +707,14 @@ class Dispatcher:
             self._waker = None
 
     async def _timed(self, action: TimedAction) -> None:
-        await asyncio.sleep(max(0.0, action.at_s - self.clock()))
-        self._actions_started.add(action)
-        log.warning("at %.3f s: %s", self.clock(), action.reason)
-        if action.stop_run:  # stop sending at once; the action (e.g. a restart) may take a while
-            self._stop_reason = f"{action.reason} at {action.at_s:g} s"
-            self._wake()
-        await asyncio.to_thread(action.action)
+        await run_timed_action(
+            action, clock=self.clock, stop=self._stop, started=self._actions_started
+        )
+
+    def _stop(self, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._wake()
 
     async def _progress(self) -> None:
         total = len(self.trace) + len(self.warmup)

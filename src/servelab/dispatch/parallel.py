@@ -32,6 +32,7 @@ from servelab.dispatch.client import (
     TimedAction,
     _summary,
     fill_token_counts,
+    run_timed_action,
 )
 from servelab.workload.release import TraceRequest
 
@@ -218,16 +219,17 @@ async def _supervise(
 
     started: set[TimedAction] = set()
 
-    async def timed(action: TimedAction) -> None:
-        await asyncio.sleep(max(0.0, origin + action.at_s - time.perf_counter()))
-        started.add(action)
-        log.warning("at %.3f s: %s", time.perf_counter() - origin, action.reason)
-        if action.stop_run and state["stop"] is None:
-            state["stop"] = f"{action.reason} at {action.at_s:g} s"
+    def stop(reason: str) -> None:
+        if state["stop"] is None:
+            state["stop"] = reason
             for conn in conns:
                 with contextlib.suppress(OSError):
-                    conn.send(("stop", state["stop"]))
-        await asyncio.to_thread(action.action)
+                    conn.send(("stop", reason))
+
+    async def timed(action: TimedAction) -> None:
+        await run_timed_action(
+            action, clock=lambda: time.perf_counter() - origin, stop=stop, started=started
+        )
 
     tasks = {a: asyncio.create_task(timed(a)) for a in actions}
     await asyncio.gather(*waits)

@@ -129,6 +129,8 @@ def dispatch_run(
     extra: Mapping[str, Any] | None = None,
     workers: int = 1,
     client: str = "paced",
+    node_watch_s: float = 0.0,
+    node_change: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None,
 ) -> tuple[pa.Table, dict[str, Any], DispatchResult]:
     """Dispatch one run; return (requests table, run record, raw result) without writing anything.
 
@@ -136,7 +138,10 @@ def dispatch_run(
     fails a check is never dispatched). Node identity is read before the first request and after
     the last; the record's `node` holds both (`start`, `end`). `workers` > 1 spreads the graphs
     over that many processes (servelab.dispatch.parallel) for loads one event loop cannot read.
-    `client` is `dispatch.client`: "paced" (a pacer thread sends, the loop reads) or "httpx".
+    `client` is `dispatch.client`: "paced" (a pacer process sends, the loop reads) or "httpx".
+    With `node_watch_s` > 0 node identity is also read every that many seconds during the run, and
+    the run stops (status interrupted) as soon as `node_change(start, now)` gives a reason: a
+    reclaimed node does not keep a run going to its end.
     """
     from servelab.workload import load_trace
 
@@ -152,6 +157,13 @@ def dispatch_run(
         warmup_requests=len(warmup),
     )
     node_start = dict(node_identity_fn())
+    if node_watch_s > 0:
+        if node_change is None:
+            raise ValueError("node_watch_s needs node_change")
+        actions = [
+            *actions,
+            node_watch(node_identity_fn, node_start, node_change, every_s=node_watch_s),
+        ]
     options: dict[str, Any] = dict(
         base_url=base_url,
         model=model_name or served_model(base_url),
@@ -225,6 +237,21 @@ def dispatch_run(
         extra=record_extra,
     )
     return table, record, result
+
+
+def node_watch(
+    node_identity_fn: Callable[[], Mapping[str, Any]],
+    start: Mapping[str, Any],
+    change: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None],
+    *,
+    every_s: float,
+) -> TimedAction:
+    """A watch (TimedAction with every_s) that stops the run when the node under it changes."""
+
+    def check() -> str | None:
+        return change(start, dict(node_identity_fn()))
+
+    return TimedAction(at_s=every_s, action=check, reason="node watch", every_s=every_s)
 
 
 def dispatch_run_files(
