@@ -129,7 +129,7 @@ def register(subparsers: Any) -> None:
         "--client",
         choices=("paced", "httpx"),
         default="paced",
-        help="paced: a pacer thread sends, the event loop reads (default); httpx: one loop does both",
+        help="paced: a pacer process sends, the event loop reads (default); httpx: one loop does both",
     )
     dispatch.set_defaults(func=_dispatch)
 

@@ -22,7 +22,7 @@ headers reach the socket (pool, connection set-up; httpcore's `http11.send_reque
 trace event) is summarised separately in the result (`send_overhead_s`); it is part of TTFT.
 
 Two clients (`client=`, the config's `dispatch.client`): "paced" (servelab.dispatch.paced, the
-default) sends from a pacer thread of its own and reads on the event loop through h11, so a burst
+default) sends from a pacer process of its own and reads on the event loop through h11, so a burst
 of chunks never delays a send; "httpx" does both on one event loop through httpx. Both share
 everything else here: the schedule's logic, the records, `ChunkRecorder`, the book-keeping.
 
@@ -73,7 +73,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPIN_S = 0.002
-# "paced": a pacer thread sends, the event loop reads (servelab.dispatch.paced; the default).
+# "paced": a pacer process sends, the event loop reads (servelab.dispatch.paced; the default).
 # "httpx": one event loop does both through httpx (the client the sends used to go through).
 CLIENTS = ("paced", "httpx")
 WARMUP_MAX_TOKENS = 16
