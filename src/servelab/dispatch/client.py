@@ -29,7 +29,7 @@ everything else here: the schedule's logic, the records, `ChunkRecorder`, the bo
 Timing precision (httpx client): the scheduler sleeps until `SPIN_S` before a request is due, then
 yields to the event loop (asyncio.sleep(0)) until the due time, so other streams are served
 meanwhile and the wake-up is not bound to epoll's millisecond timeout granularity. The paced
-client's pacer has its own (paced.SPIN_S).
+client's pacer has its own (pacer.SPIN_S).
 
 Tokens per chunk (a chunk is not a token): from the cumulative `usage.completion_tokens` the server
 attaches to each chunk when it does (vLLM with `continuous_usage_stats`); otherwise by tokenizing
@@ -446,7 +446,6 @@ class Dispatcher:
         self._stop_reason: str | None = None
         self._actions_started: set[TimedAction] = set()
         self._send_overheads: list[float] = []
-        self._crash: BaseException | None = None
         self._clients: ClientPool  # httpx client: set when the run starts (arun)
         self._paced: Any = None  # the paced client's PacedClient, set by arun
         self._events: dict[str, tuple[Any, Any]] = {}
@@ -473,7 +472,7 @@ class Dispatcher:
         )
         if not self._records:
             self._prepare()
-        self._loop = loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         if self.client == "paced":
             from servelab.dispatch.paced import PacedClient
 
@@ -774,11 +773,7 @@ class Dispatcher:
     def _pacer_crashed(self, exc: BaseException) -> None:
         """The pacer failed: the run stops as interrupted, with every request recorded."""
         log.error("%s: stopping the run", exc)
-        if self._crash is None:
-            self._crash = exc
-        if self._stop_reason is None:
-            self._stop_reason = str(exc)
-        self._wake()
+        self._stop(str(exc))
 
     async def _halt_pacer(self) -> None:
         """Stop sending; end what is still streaming with the interruption's reason."""

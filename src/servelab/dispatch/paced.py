@@ -36,14 +36,11 @@ from urllib.parse import urlsplit
 import h11
 
 from servelab.dispatch.client import ChunkRecorder, RequestRecord
-from servelab.dispatch.pacer import PACER_THREADS, SPIN_S, Pacer, PacerProcess, os_error
+from servelab.dispatch.pacer import PacerProcess, os_error
 
 __all__ = [
     "KEEPALIVE_IDLE_S",
-    "PACER_THREADS",
-    "SPIN_S",
     "PacedClient",
-    "Pacer",
     "request_bytes",
     "request_events",
 ]
@@ -61,12 +58,12 @@ _END = h11.EndOfMessage()
 
 def request_events(base_url: str, body: bytes) -> tuple[h11.Request, h11.Data]:
     """The h11 events of one completion request, built ahead (header validation is not free)."""
-    netloc = urlsplit(base_url).netloc
+    parts = urlsplit(base_url)
     request = h11.Request(
         method="POST",
-        target=urlsplit(base_url).path.rstrip("/") + "/v1/completions",
+        target=parts.path.rstrip("/") + "/v1/completions",
         headers=[
-            ("host", netloc),
+            ("host", parts.netloc),
             ("content-type", "application/json"),
             ("content-length", str(len(body))),
             ("accept", "text/event-stream"),
