@@ -14,10 +14,7 @@ from scipy import stats as sps
 from servelab.analysis import (
     build_analysis,
     write_numbers,
-    write_table3,
-    write_table4,
-    write_table5,
-    write_table6,
+    write_table,
 )
 from servelab.analysis.synthetic import RunSpec, write_simple_run
 from servelab.analysis.tables import TABLE5_COLUMNS
@@ -111,7 +108,7 @@ def _expected_gap(num: list[float], den: list[float]) -> dict[str, float]:
 
 
 def test_table5_columns_rows_and_values(full: list[Path], tmp_path: Path) -> None:
-    out = write_table5(full, tmp_path / "table5.csv", phi_guard=1.1)
+    out = write_table(5, full, tmp_path / "table5.csv", phi_guard=1.1)
     text = out.read_text()
     assert text.splitlines()[0] == ",".join(TABLE5_COLUMNS)
     rows = _rows(out)
@@ -154,7 +151,7 @@ def test_table5_columns_rows_and_values(full: list[Path], tmp_path: Path) -> Non
 
 
 def test_table4_sglang_across_deployments(full: list[Path], tmp_path: Path) -> None:
-    rows = _rows(write_table4(full, tmp_path / "table4.csv"))
+    rows = _rows(write_table(4, full, tmp_path / "table4.csv"))
     assert list(rows[0]) == ["condition", "metric", "first", "second", "change_pct", "p"]
     assert [r["metric"] for r in rows[:3]] == ["ttft_p50", "ttft_p95", "e2e_p50"]
     first = np.array(P50[("defaults", "sglang", "rate-0.28")])
@@ -171,7 +168,7 @@ def test_table4_sglang_across_deployments(full: list[Path], tmp_path: Path) -> N
 
 
 def test_table6_pooled_dispersion(full: list[Path], tmp_path: Path) -> None:
-    rows = _rows(write_table6(full, tmp_path / "table6.csv"))
+    rows = _rows(write_table(6, full, tmp_path / "table6.csv"))
     assert list(rows[0]) == [
         "condition",
         "configuration",
@@ -191,7 +188,7 @@ def test_table6_pooled_dispersion(full: list[Path], tmp_path: Path) -> None:
 
 
 def test_table3_workload_realisation(full: list[Path], tmp_path: Path) -> None:
-    rows = {r["group"]: r for r in _rows(write_table3(full, tmp_path / "table3.csv"))}
+    rows = {r["group"]: r for r in _rows(write_table(3, full, tmp_path / "table3.csv"))}
     assert list(rows) == ["rate", "sharing", "length", "matched", "total"]
     assert rows["rate"]["runs"] == "12" and rows["rate"]["requests_total"] == str(12 * N)
     assert rows["length"]["runs"] == "6"
@@ -210,7 +207,7 @@ def test_missing_repetitions_are_computed_from_what_is_there_and_listed(tmp_path
         f"matched/{e}/length-8192/{r}" for e in ("vllm", "sglang") for r in ("rep2", "rep3")
     )
     dirs = _build(tmp_path, failed=failed, absent=absent)
-    rows = _rows(write_table5(dirs, tmp_path / "table5.csv"))
+    rows = _rows(write_table(5, dirs, tmp_path / "table5.csv"))
     # rate-0.28 defaults from reps 1 and 2 only.
     v = [P50[("defaults", "vllm", "rate-0.28")][i] for i in (0, 1)]
     s = [P50[("defaults", "sglang", "rate-0.28")][i] for i in (0, 1)]
@@ -248,7 +245,7 @@ def test_table4_refuses_sglang_with_two_configurations(full: list[Path], tmp_pat
         spec = RunSpec(**{**spec.__dict__, "chunk_size": 8192})
         dirs.append(write_simple_run(odd / rep, spec, _ttfts(p50)))
     with pytest.raises(Exception, match="Table 4 compares SGLang under one configuration"):
-        write_table4(dirs, tmp_path / "t4.csv")
+        write_table(4, dirs, tmp_path / "t4.csv")
 
 
 def test_numbers_hold_role_and_variability_values(full: list[Path]) -> None:
@@ -262,11 +259,17 @@ def test_numbers_hold_role_and_variability_values(full: list[Path]) -> None:
 def test_cells_without_any_run_are_empty_and_explained(full: list[Path], tmp_path: Path) -> None:
     dirs = [d for d in full if "/matched/" not in d.as_posix() or "rate-0.12" not in d.as_posix()]
     an = build_analysis(dirs)
-    rows = _rows(write_table5(an, tmp_path / "table5.csv"))
+    rows = _rows(write_table(5, an, tmp_path / "table5.csv"))
     assert (rows[0]["matched_gap"], rows[0]["removed_fraction"]) == ("", "")
     assert rows[0]["defaults_gap"] != ""
-    t6 = _rows(write_table6(an, tmp_path / "table6.csv"))
+    t6 = _rows(write_table(6, an, tmp_path / "table6.csv"))
     assert (t6[1]["vllm_tail_ratio"], t6[1]["sglang_g1"]) == ("", "")
     notes = an.notes()
     assert "table5 rate-0.12/ttft_p50 matched: left empty, no seed-paired matched runs" in notes
     assert "table6 rate-0.12/matched vllm: left empty, no vllm runs" in notes
+
+
+def test_an_unknown_table_number_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no table 7: the study's tables are 3, 4, 5 and 6"):
+        write_table(7, [], tmp_path / "table7.csv")
+    assert not (tmp_path / "table7.csv").exists()

@@ -14,10 +14,11 @@ rule table3:
     conda:
         "../../environment.yml"
     params:
+        number=3,
         settings=analysis_settings(),
         run_dirs=run_dirs(RUNS),
     script:
-        "../scripts/table3.py"
+        "../scripts/table.py"
 
 
 rule table4:
@@ -32,10 +33,11 @@ rule table4:
     conda:
         "../../environment.yml"
     params:
+        number=4,
         settings=analysis_settings(),
         run_dirs=run_dirs(table4_runs()),
     script:
-        "../scripts/table4.py"
+        "../scripts/table.py"
 
 
 rule table5:
@@ -51,10 +53,11 @@ rule table5:
     conda:
         "../../environment.yml"
     params:
+        number=5,
         settings=analysis_settings(),
         run_dirs=run_dirs(table5_runs()),
     script:
-        "../scripts/table5.py"
+        "../scripts/table.py"
 
 
 rule table6:
@@ -69,10 +72,11 @@ rule table6:
     conda:
         "../../environment.yml"
     params:
+        number=6,
         settings=analysis_settings(),
         run_dirs=run_dirs(table5_runs()),
     script:
-        "../scripts/table6.py"
+        "../scripts/table.py"
 
 
 rule figures:

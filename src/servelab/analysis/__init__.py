@@ -12,10 +12,7 @@ from servelab.analysis.pipeline import (
     verify_against_checksums,
     write_figures,
     write_numbers,
-    write_table3,
-    write_table4,
-    write_table5,
-    write_table6,
+    write_table,
 )
 from servelab.analysis.restarts import discover_restart_records, read_restart_record
 from servelab.analysis.runs import (
@@ -48,8 +45,5 @@ __all__ = [
     "verify_against_checksums",
     "write_figures",
     "write_numbers",
-    "write_table3",
-    "write_table4",
-    "write_table5",
-    "write_table6",
+    "write_table",
 ]

@@ -23,6 +23,7 @@ from servelab.analysis.verify import Mismatch, verify
 from servelab.artifacts import read_json, write_json, write_text
 
 __all__ = [
+    "TABLE_RENDERERS",
     "AnalysisResult",
     "VerificationError",
     "analyze",
@@ -30,10 +31,7 @@ __all__ = [
     "verify_against_checksums",
     "write_figures",
     "write_numbers",
-    "write_table3",
-    "write_table4",
-    "write_table5",
-    "write_table6",
+    "write_table",
 ]
 
 log = logging.getLogger("servelab.analysis")
@@ -68,14 +66,29 @@ def _analysis(runs: RunsArg, **kw: object) -> Analysis:
     return build_analysis(runs, **kw)  # type: ignore[arg-type]
 
 
-def _write_table(
-    render: Callable[[Analysis], str],
+# The table writers by number: every one takes the same analysis settings (config `analysis:`), so
+# one settings mapping can be passed to all of them; a table that does not use one (e.g.
+# keeps_pace for Table 5) ignores it.
+TABLE_RENDERERS: dict[int, Callable[[Analysis], str]] = {
+    3: tables.render_table3,  # workload realisation (every run of the grid)
+    4: tables.render_table4,  # SGLang in the two deployments (its runs of both arms, 3 conditions)
+    5: tables.render_table5,  # the decomposition (both engines x both arms x 3 conditions)
+    6: tables.render_table6,  # dispersion of pooled TTFT (Table 5's runs)
+}
+
+
+def write_table(
+    number: int,
     runs: RunsArg,
     out_csv: PathLike,
-    keeps_pace: float,
-    phi_guard: float,
-    exclude_first_graph: bool,
+    *,
+    keeps_pace: float = 0.97,
+    phi_guard: float = 1.1,
+    exclude_first_graph: bool = True,
 ) -> Path:
+    """Table `number` (3-6) of the study from `runs`, written to `out_csv`."""
+    if number not in TABLE_RENDERERS:
+        raise ValueError(f"no table {number}: the study's tables are 3, 4, 5 and 6")
     an = _analysis(
         runs,
         keeps_pace=keeps_pace,
@@ -83,70 +96,8 @@ def _write_table(
         exclude_first_graph=exclude_first_graph,
         telemetry=False,
     )
-    write_text(out_csv, render(an))
+    write_text(out_csv, TABLE_RENDERERS[number](an))
     return Path(out_csv)
-
-
-# Every writer takes the same analysis settings (config `analysis:`), so one settings mapping can be
-# passed to all of them; a table that does not use one (e.g. keeps_pace for Table 5) ignores it.
-
-
-def write_table3(
-    runs: RunsArg,
-    out_csv: PathLike,
-    *,
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-) -> Path:
-    """Table 3, workload realisation (needs every run of the grid)."""
-    return _write_table(
-        tables.render_table3, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
-    )
-
-
-def write_table4(
-    runs: RunsArg,
-    out_csv: PathLike,
-    *,
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-) -> Path:
-    """Table 4, SGLang in the two deployments (needs SGLang's runs of both arms at rate-0.12,
-    rate-0.28 and length-8192)."""
-    return _write_table(
-        tables.render_table4, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
-    )
-
-
-def write_table5(
-    runs: RunsArg,
-    out_csv: PathLike,
-    *,
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-) -> Path:
-    """Table 5, the decomposition (needs both engines × both arms at rate-0.12, rate-0.28 and
-    length-8192: 36 runs with three repetitions)."""
-    return _write_table(
-        tables.render_table5, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
-    )
-
-
-def write_table6(
-    runs: RunsArg,
-    out_csv: PathLike,
-    *,
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-) -> Path:
-    """Table 6, dispersion of pooled TTFT (the same 36 runs as Table 5)."""
-    return _write_table(
-        tables.render_table6, runs, out_csv, keeps_pace, phi_guard, exclude_first_graph
-    )
 
 
 def write_figures(
@@ -230,12 +181,7 @@ def analyze(
         phi_guard=phi_guard,
         exclude_first_graph=exclude_first_graph,
     )
-    written = [
-        write_table3(an, out / "table3.csv"),
-        write_table4(an, out / "table4.csv"),
-        write_table5(an, out / "table5.csv"),
-        write_table6(an, out / "table6.csv"),
-    ]
+    written = [write_table(n, an, out / f"table{n}.csv") for n in sorted(TABLE_RENDERERS)]
     numbers = build_numbers(an)
     write_json(out / "numbers.json", numbers)
     write_text(out / "analysis_notes.txt", render_notes(an))
