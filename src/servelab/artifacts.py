@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 __all__ = [
     "REQUESTS_SCHEMA",
     "REQUEST_STATUSES",
+    "RESTART_EVENTS",
     "RUN_JSON_REQUIRED",
     "RUN_STATUSES",
     "SCRAPE_SCHEMA",
@@ -112,6 +113,19 @@ TELEMETRY_METRICS = (
 )
 REQUEST_STATUSES = ("ok", "error", "timeout")
 RUN_STATUSES = ("ok", "failed", "interrupted")
+
+# restart.json (Fig. 14): the events of an engine restart, in the order they happen; the record
+# holds each one's time (written by servelab.deploy.restart, read by servelab.analysis.restarts).
+RESTART_EVENTS = (
+    "deleted",
+    "terminated",
+    "scheduled",
+    "pull_started",
+    "pulled",
+    "container_started",
+    "ready",
+)
+
 ROLES = ("planner", "worker", "aggregator")
 
 TRACE_MANIFEST_REQUIRED = (

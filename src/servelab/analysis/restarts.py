@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.artifacts import ArtifactError, read_json
+from servelab.artifacts import RESTART_EVENTS, ArtifactError, read_json
 
 __all__ = [
     "RESTART_EVENTS",
@@ -46,15 +46,6 @@ __all__ = [
     "summarise_restarts",
 ]
 
-RESTART_EVENTS = (
-    "deleted",
-    "terminated",
-    "scheduled",
-    "pull_started",
-    "pulled",
-    "container_started",
-    "ready",
-)
 RESTART_PHASES = ("terminate", "schedule", "image_pull", "unmeasured", "initialise")
 
 

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servelab.artifacts import write_json
+from servelab.artifacts import RESTART_EVENTS, write_json
 from servelab.deploy.manifests import load_rendered
 from servelab.deploy.node import detect_reclamation
 
@@ -59,16 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-RESTART_EVENTS = (
-    "deleted",
-    "terminated",
-    "scheduled",
-    "pull_started",
-    "pulled",
-    "container_started",
-    "ready",
-)
 
 
 def _ts(value: Any) -> float | None:
