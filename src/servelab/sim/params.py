@@ -48,26 +48,7 @@ class EngineParams:
         from servelab.engines.resolve import runtime_limits
 
         limits = runtime_limits(resolved, kv_capacity_tokens=kv_capacity_tokens)
-        if resolved.engine == "vllm":
-            return cls(
-                engine="vllm",
-                chunked_prefill=bool(resolved.chunked_prefill),
-                chunk_size=resolved.chunk_size,
-                token_budget=int(resolved.token_budget),
-                prefix_caching=bool(resolved.prefix_caching),
-                context_len=int(resolved.context_len),
-                max_running=int(limits.max_running_requests),
-                kv_capacity_tokens=int(limits.kv_capacity_tokens),
-                prompt_limit=int(limits.prompt_limit),
-                schedule_policy=str(resolved.schedule_policy),
-                block_size=int(resolved.block_size),
-                # model_runner.py: CUDA graphs for batch sizes up to 256, contexts up to 8192
-                cuda_graph_max_bs=256,
-                max_seq_len_to_capture=min(8192, int(resolved.context_len)),
-                overlap_schedule=False,
-            )
-        return cls(
-            engine="sglang",
+        common = dict(
             chunked_prefill=bool(resolved.chunked_prefill),
             chunk_size=resolved.chunk_size,
             token_budget=int(resolved.token_budget),
@@ -77,6 +58,20 @@ class EngineParams:
             kv_capacity_tokens=int(limits.kv_capacity_tokens),
             prompt_limit=int(limits.prompt_limit),
             schedule_policy=str(resolved.schedule_policy),
+        )
+        if resolved.engine == "vllm":
+            return cls(
+                engine="vllm",
+                **common,
+                block_size=int(resolved.block_size),
+                # model_runner.py: CUDA graphs for batch sizes up to 256, contexts up to 8192
+                cuda_graph_max_bs=256,
+                max_seq_len_to_capture=min(8192, int(resolved.context_len)),
+                overlap_schedule=False,
+            )
+        return cls(
+            engine="sglang",
+            **common,
             block_size=1,
             cuda_graph_max_bs=int(resolved.cuda_graph_max_bs),
             max_seq_len_to_capture=int(resolved.context_len),
