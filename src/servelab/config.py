@@ -7,6 +7,7 @@ invalid value stops everything before any job runs, with an error naming the off
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -17,9 +18,11 @@ from typing import Any
 import jsonschema
 import yaml
 
+from servelab.engines.registry import engine_names
+from servelab.settings import DispatchSettings
+
 __all__ = [
     "ARMS",
-    "ENGINES",
     "Condition",
     "ConfigError",
     "Deployment",
@@ -33,7 +36,6 @@ __all__ = [
     "validate_config",
 ]
 
-ENGINES = ("vllm", "sglang")
 ARMS = ("defaults", "matched")
 SWEEP_PARAMETER = {"rate": "rate", "sharing": "sharing", "length": "prompt_tokens"}
 
@@ -87,10 +89,36 @@ def condition_id(sweep: str, value: float | int) -> str:
     return f"{sweep}-{float(value):.2f}"
 
 
+# The schema file spells the study's engines in its engine-keyed objects; validation puts the
+# registry's engines in their place, so a registered engine is accepted without a schema edit.
+_STUDY_ENGINES_PATTERN = "^(vllm|sglang)$"
+
+
 @cache
-def _schema() -> dict[str, Any]:
+def _schema_file() -> dict[str, Any]:
     text = resources.files("servelab").joinpath("config.schema.yaml").read_text(encoding="utf-8")
     return yaml.safe_load(text)
+
+
+def _with_engines(node: Any, pattern: str) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "patternProperties" and _STUDY_ENGINES_PATTERN in value:
+                value = {
+                    (pattern if k == _STUDY_ENGINES_PATTERN else k): v for k, v in value.items()
+                }
+            out[key] = _with_engines(value, pattern)
+        return out
+    if isinstance(node, list):
+        return [_with_engines(item, pattern) for item in node]
+    return node
+
+
+def _schema() -> dict[str, Any]:
+    """The config schema, its engine-keyed objects accepting exactly the registered engines."""
+    pattern = "^(" + "|".join(re.escape(name) for name in engine_names()) + ")$"
+    return _with_engines(_schema_file(), pattern)
 
 
 def _key_path(path: Any) -> str:
@@ -154,7 +182,7 @@ def _check_references(config: Mapping[str, Any]) -> None:
                             f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}"
                         )
     kube = config.get("kubernetes") or {}
-    client = config["dispatch"].get("client", "paced")
+    client = config["dispatch"].get("client", DispatchSettings.client)
     if str(kube.get("engine_url", "")).startswith("https://") and client == "paced":
         problems.append(
             "config key dispatch.client: 'paced' speaks plain http only, but "

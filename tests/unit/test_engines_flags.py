@@ -119,7 +119,7 @@ def _entry(table, option):
 
 
 def test_generated_tables_agree_with_the_source_checked_facts():
-    """research/engines.md A1/B1, read independently from the same releases."""
+    """The resolution rules of docs/engines.md, read independently from the same releases."""
     v = tables.VLLM_0_6_3
     assert _entry(v, "--block-size")[4:] == (16, None, None, (8, 16, 32))
     assert _entry(v, "--enable-chunked-prefill")[2:] == (

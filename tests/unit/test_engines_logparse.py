@@ -16,7 +16,7 @@ def _read(name: str) -> str:
     return (DATA / name).read_text(encoding="utf-8")
 
 
-# The README table of shared/fixtures/engine-logs, field by field ("not printed" -> None).
+# The expected parse of each real log in tests/data/engine-logs, field by field ("not printed" -> None).
 EXPECTED = {
     "vllm-0.6.4dev-chunked-off-01.log": {
         "engine": "vllm",
@@ -196,7 +196,7 @@ def test_to_json_is_one_object_with_sorted_keys():
 
 # ------------------------------------------------------------------- synthetic trap variants
 
-ENGINE_LINE_063 = (  # vLLM 0.6.3's format string filled in (research/engines.md A2)
+ENGINE_LINE_063 = (  # vLLM 0.6.3's format string filled in (docs/engines.md)
     "INFO 10-14 12:00:06 llm_engine.py:237] Initializing an LLM engine (v{version}) with config: "
     "model='meta-llama/Llama-3.1-8B-Instruct', speculative_config=None, "
     "tokenizer='meta-llama/Llama-3.1-8B-Instruct', skip_tokenizer_init=False, "

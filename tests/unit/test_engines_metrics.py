@@ -79,7 +79,7 @@ def test_sglang_scrape_with_the_old_name_label():
 
 
 def _sglang_exposition(models: list[str]) -> str:
-    """What SGLang 0.4.1's collector exposes (names and label of engines.md B4), via prometheus_client."""
+    """What SGLang 0.4.1's collector exposes (names and label as docs/engines.md lists them), via prometheus_client."""
     reg = CollectorRegistry()
     gauges = {
         name: Gauge(name, name, ["model_name"], registry=reg)

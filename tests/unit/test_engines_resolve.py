@@ -1,4 +1,4 @@
-"""Configuration resolution by each engine's own rules (research/engines.md A1, B1)."""
+"""Configuration resolution by each engine's own rules (docs/engines.md, "Upstream sources"; servelab.engines.vllm and .sglang)."""
 
 from __future__ import annotations
 

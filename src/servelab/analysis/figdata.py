@@ -14,7 +14,7 @@ import numpy as np
 
 from servelab.analysis import stats
 from servelab.analysis.restarts import RESTART_PHASES
-from servelab.analysis.runs import ENGINES, condition_value
+from servelab.analysis.runs import condition_value, engine_order
 from servelab.analysis.summary import TABLE5_ROWS, Analysis
 
 __all__ = ["FIGURES", "FIGURE_DATA", "figure_data"]
@@ -41,7 +41,7 @@ def _sweep_series(
 ) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for arm in arms:
-        for engine in ENGINES:
+        for engine in engine_order():
             pts = [
                 _point(an, arm, engine, c, metric)
                 for c in an.sweep_conditions(arm, sweep)
@@ -111,7 +111,7 @@ def figure7(an: Analysis) -> dict[str, Any]:
     tpot = _sweep_series(an, "rate", "tpot_p50")
     load: dict[str, list[dict[str, Any]]] = {}
     for arm in ARMS:
-        for engine in ENGINES:
+        for engine in engine_order():
             pts = []
             for c in an.sweep_conditions(arm, "rate"):
                 if not an.has_group(arm, engine, c):
@@ -187,7 +187,7 @@ def figure9(an: Analysis) -> dict[str, Any]:
 def figure10(an: Analysis) -> dict[str, Any]:
     """Peak KV-cache utilisation against σ (defaults): arithmetic means and each repetition."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for engine in ENGINES:
+    for engine in engine_order():
         pts = []
         for c in an.sweep_conditions("defaults", "sharing"):
             if not an.has_group("defaults", engine, c):
@@ -214,7 +214,7 @@ def figure11(an: Analysis) -> dict[str, Any]:
     for condition in ("rate-0.12", "rate-0.28", "length-8192"):
         series = {}
         for arm in ARMS:
-            for engine in ENGINES:
+            for engine in engine_order():
                 if not an.has_group(arm, engine, condition):
                     continue
                 g = an.group(arm, engine, condition)
@@ -236,7 +236,7 @@ def figure12(an: Analysis) -> dict[str, Any]:
     tail: dict[str, list[dict[str, Any]]] = {}
     spread: dict[str, list[dict[str, Any]]] = {}
     for arm in ARMS:
-        for engine in ENGINES:
+        for engine in engine_order():
             conds = [c for c in an.sweep_conditions(arm, "rate") if an.has_group(arm, engine, c)]
             if not conds:
                 continue

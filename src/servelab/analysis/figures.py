@@ -35,7 +35,9 @@ from matplotlib.ticker import (
 
 from servelab.analysis import figdata, stats
 from servelab.analysis.restarts import RESTART_PHASES
+from servelab.analysis.runs import engine_order
 from servelab.artifacts import atomic_path
+from servelab.engines.registry import engine_spec
 
 __all__ = ["FORMATS", "STYLE", "draw_figures"]
 
@@ -70,13 +72,38 @@ STYLE: dict[str, Any] = {
 PNG_METADATA: dict[str, str | None] = {"Software": None}
 PDF_METADATA: dict[str, str | None] = {"CreationDate": None, "ModDate": None, "Creator": "servelab"}
 
-ENGINE_STYLE = {
-    "vllm": {"color": "#0072B2", "marker": "o", "label": "vLLM", "linestyle": "-"},
-    "sglang": {"color": "#D55E00", "marker": "s", "label": "SGLang", "linestyle": "--"},
-}
+# Engine styles in registry order (Okabe-Ito colours): the study's vLLM is blue circles with solid
+# lines and SGLang orange squares with dashed lines; a registered engine takes the next style.
+_ENGINE_STYLES = (
+    {"color": "#0072B2", "marker": "o", "linestyle": "-"},
+    {"color": "#D55E00", "marker": "s", "linestyle": "--"},
+    {"color": "#009E73", "marker": "^", "linestyle": "-."},
+    {"color": "#CC79A7", "marker": "D", "linestyle": (0, (5, 1, 1, 1))},
+    {"color": "#56B4E9", "marker": "v", "linestyle": (0, (1, 1))},
+)
 ARM_LABEL = {"defaults": "", "matched": ", matched"}
 ARMS = ("defaults", "matched")
-ENGINES = ("vllm", "sglang")
+
+
+def engine_style(engine: str) -> dict[str, Any]:
+    """Colour, marker, line style and legend label of a registered engine."""
+    order = engine_order()
+    if engine not in order:
+        raise ValueError(f"engine {engine!r} is not registered: expected one of {order}")
+    style = dict(_ENGINE_STYLES[order.index(engine) % len(_ENGINE_STYLES)])
+    style["label"] = engine_spec(engine).title
+    return style
+
+
+def _engine_label(engine: str) -> str:
+    return engine_spec(engine).title if engine in engine_order() else engine
+
+
+def _engine_rank(engine: str) -> int:
+    order = engine_order()
+    return order.index(engine) if engine in order else len(order)
+
+
 PHASE_COLOURS = {
     "terminate": "#CC79A7",
     "schedule": "#F0E442",
@@ -119,7 +146,7 @@ def metric_label(metric: str) -> str:
 
 def _series_style(key: str) -> dict[str, Any]:
     arm, engine = key.split("/")
-    es = ENGINE_STYLE[engine]
+    es = engine_style(engine)
     matched = arm == "matched"
     return {
         "color": es["color"],
@@ -138,7 +165,7 @@ def _ordered(series: Mapping[str, Any]) -> list[tuple[str, Any]]:
         arm, _, engine = item[0].partition("/")
         return (
             ARMS.index(arm) if arm in ARMS else 9,
-            ENGINES.index(engine) if engine in ENGINES else 9,
+            _engine_rank(engine),
             item[0],
         )
 
@@ -601,7 +628,7 @@ def draw_figure14(fig: Figure, data: Mapping[str, Any]) -> None:
             "so the restart time by phase is not drawn.",
         )
         return
-    names = sorted(engines, key=lambda n: (ENGINES.index(n) if n in ENGINES else 9, n))
+    names = sorted(engines, key=lambda n: (_engine_rank(n), n))
     ys = np.arange(len(names))[::-1]
     right = 0.0
     for y, name in zip(ys, names, strict=True):
@@ -628,7 +655,7 @@ def draw_figure14(fig: Figure, data: Mapping[str, Any]) -> None:
             fontsize=8,
         )
     ax.set_yticks(ys)
-    ax.set_yticklabels([ENGINE_STYLE.get(n, {"label": n})["label"] for n in names])
+    ax.set_yticklabels([_engine_label(n) for n in names])
     ax.set_xlim(0, right * 1.3 + 1)
     ax.grid(axis="y", visible=False)
     counts = sorted({int(e["n"]) for e in engines.values()})

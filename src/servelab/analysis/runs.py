@@ -1,7 +1,7 @@
 """Reading run artifacts into a `RunSet`: found, parsed, skipped; and the pooling guards.
 
 A run directory `results/runs/{arm}/{engine}/{condition}/{rep}/` holds `run.json`,
-`requests.parquet` and `telemetry.parquet` (DESIGN.md). Loading:
+`requests.parquet` and `telemetry.parquet` (docs/architecture.md). Loading:
 
 - every directory given is *found*; a run whose `run.json` status is `failed` or `interrupted` is
   *skipped* and listed with its status (its Parquet files are not read); every other run is *parsed*;
@@ -38,23 +38,23 @@ from servelab.artifacts import (
     read_run_json,
     read_trace_manifest,
 )
+from servelab.engines.registry import engine_names
 
 __all__ = [
     "CONFIG_IGNORED_KEYS",
-    "ENGINES",
     "PoolingError",
     "Run",
     "RunSet",
     "SkippedRun",
     "condition_value",
     "discover_run_dirs",
+    "engine_order",
     "load_runs",
     "read_manifests",
 ]
 
 log = logging.getLogger("servelab.analysis")
 
-ENGINES = ("vllm", "sglang")
 ARMS = ("defaults", "matched")
 # resolved_config keys that describe where a value was read from, not the configuration itself.
 CONFIG_IGNORED_KEYS = frozenset({"evidence"})
@@ -62,6 +62,11 @@ _CONDITION_RE = re.compile(r"^(rate|sharing|length)-(\d+(?:\.\d+)?)$")
 _REP_RE = re.compile(r"^rep(\d+)$")
 
 PathLike = str | os.PathLike[str]
+
+
+def engine_order() -> tuple[str, ...]:
+    """The engines the analysis knows, in table and legend order: the engine registry's."""
+    return engine_names()
 
 
 class PoolingError(ValueError):
@@ -180,10 +185,11 @@ class RunSet:
         return out
 
     def expected_reps(
-        self, arm: str, condition: str, engines: Iterable[str] = ENGINES
+        self, arm: str, condition: str, engines: Iterable[str] | None = None
     ) -> list[str]:
-        """Reps of (arm, condition) among the runs found (parsed or skipped), for any of `engines`."""
-        engines = set(engines)
+        """Reps of (arm, condition) among the runs found (parsed or skipped), for any of `engines`
+        (default: every engine)."""
+        engines = set(engine_order() if engines is None else engines)
         reps: set[str] = set()
         for s in self.skipped:
             parts = s.run_id.split("/")
@@ -253,9 +259,9 @@ def load_runs(
             raise ArtifactError(
                 f"{record_path}: run_id {run_id!r} does not match its parts {expected!r}"
             )
-        if record["engine"] not in ENGINES:
+        if record["engine"] not in engine_order():
             raise ArtifactError(
-                f"{record_path}: engine {record['engine']!r} is not one of {ENGINES}"
+                f"{record_path}: engine {record['engine']!r} is not one of {engine_order()}"
             )
         try:
             condition_value(str(record["condition"]))

@@ -24,12 +24,12 @@ import numpy.typing as npt
 from servelab.analysis import stats
 from servelab.analysis.restarts import RestartRecord, summarise_restarts
 from servelab.analysis.runs import (
-    ENGINES,
     PoolingError,
     Run,
     RunSet,
     TraceInfo,
     condition_value,
+    engine_order,
     rep_index,
 )
 from servelab.artifacts import ROLES, ArtifactError
@@ -312,7 +312,7 @@ class Analysis:
                     gap.reps,
                     expected,
                     "computed",
-                    [(arm, ENGINES, condition)],
+                    [(arm, engine_order(), condition)],
                 )
         return self._gaps[key]
 
@@ -454,7 +454,7 @@ class Analysis:
         out: list[dict[str, float | str]] = []
         for condition, arm in rows:
             row: dict[str, float | str] = {"condition": condition, "configuration": arm}
-            for engine in ENGINES:
+            for engine in engine_order():
                 g = self.group(arm, engine, condition)
                 if g.n == 0:
                     self._empty_note(f"table6 {condition}/{arm} {engine}", f"no {engine} runs")

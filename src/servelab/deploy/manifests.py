@@ -19,7 +19,6 @@ Settings come from the config's `kubernetes:` section; `resolve_settings` fills 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -32,6 +31,8 @@ import jinja2
 import yaml
 
 from servelab.artifacts import write_text
+from servelab.engines.registry import EngineView
+from servelab.settings import KubernetesSettings, SettingsError
 
 __all__ = [
     "DEFAULTS",
@@ -58,49 +59,14 @@ MANIFEST_FILES = {
     "podmonitor.yaml": "podmonitor.yaml.j2",
 }
 
-# How each published image starts its OpenAI-compatible server. The flags of the deployment follow
-# `--host=0.0.0.0 --port=<port>`.
-ENGINE_COMMANDS: dict[str, tuple[str, ...]] = {
-    "vllm": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
-    "sglang": ("python3", "-m", "sglang.launch_server"),
-}
+# How each published image starts its OpenAI-compatible server (the engine registry's
+# `EngineSpec.entrypoint`). The flags of the deployment follow `--host=0.0.0.0 --port=<port>`.
+ENGINE_COMMANDS: EngineView[tuple[str, ...]] = EngineView(lambda spec: spec.entrypoint)
 
-# Defaults of the config's `kubernetes:` section (config/config.yaml repeats them; a test checks
-# that the two agree). See docs/kubernetes.md for what each key does.
-DEFAULTS: dict[str, Any] = {
-    "kubeconfig": None,
-    "context": None,
-    "namespace": "servelab",
-    "run_label": "servelab",
-    "node_selector": {"cloud.google.com/gke-accelerator": "nvidia-l4"},
-    "gpu_resource": "nvidia.com/gpu",
-    "gpu_taint_key": "nvidia.com/gpu",
-    "resources": {"cpu": "4", "memory": "16Gi"},
-    "image_pull_policy": "IfNotPresent",
-    "termination_grace_period_s": 30,
-    "node_watch_s": 15,  # seconds between node-identity reads during a run (0: start and end only)
-    "model_volume": {
-        "claim_name": "servelab-models",
-        "size": "60Gi",
-        "storage_class": "standard-rwo",
-        "mount_path": "/root/.cache/huggingface",
-    },
-    "hf_token_secret": {"name": "hf-token", "key": "token"},
-    "readiness_probe": {
-        "path": "/health",
-        "initial_delay_s": 60,
-        "period_s": 10,
-        "timeout_s": 5,
-        "failure_threshold": 3,
-    },
-    "sglang_shm_size": "10Gi",
-    "pod_monitor": {"labels": {"release": "kube-prometheus-stack"}, "interval": "5s"},
-    "engine_url": "http://{service}.{namespace}.svc.cluster.local:{port}",
-    # Prometheus labels of the engine's series ({namespace}, {deployment_id} filled in): the
-    # PodMonitor copies the pod label servelab.dev/deployment as servelab_dev_deployment.
-    "metrics_selector": {"namespace": "{namespace}", "servelab_dev_deployment": "{deployment_id}"},
-    "timeouts": {"ready_s": 1800, "delete_s": 300, "poll_s": 5, "request_s": 30},
-}
+# The config's `kubernetes:` section with every key at its default: the defaults themselves are
+# servelab.settings.KubernetesSettings's (config/config.yaml repeats them; a test checks that the
+# two agree). See docs/kubernetes.md for what each key does.
+DEFAULTS: dict[str, Any] = KubernetesSettings().as_dict()
 
 # A DNS-1035 label: Service names must match it, and we use one name for every object.
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -115,36 +81,18 @@ class ManifestError(ValueError):
     """Bad input to rendering; the message names the key or value."""
 
 
-def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(dict(base))
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def resolve_settings(k8s_settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """`k8s_settings` (the config's `kubernetes:` section, possibly partial) over DEFAULTS.
 
-    Mappings merge key by key, except `node_selector`, `resources`, `metrics_selector` and
-    `pod_monitor.labels`, which replace the default as a whole (so a selector can drop the accelerator label). Unknown keys
-    are an error naming them (the config schema says the same at load time).
+    Merged as servelab.settings.KubernetesSettings merges: nested sections key by key, while
+    `node_selector`, `resources`, `metrics_selector` and `pod_monitor.labels` replace the default
+    as a whole (so a selector can drop the accelerator label). Unknown keys are an error naming
+    them (the config schema says the same at load time).
     """
-    given = dict(k8s_settings or {})
-    unknown = sorted(set(given) - set(DEFAULTS))
-    if unknown:
-        raise ManifestError(
-            f"config key kubernetes: unknown key(s) {', '.join(map(repr, unknown))}"
-        )
-    out = _deep_merge(DEFAULTS, given)
-    for key in ("node_selector", "resources", "metrics_selector"):
-        if key in given:
-            out[key] = copy.deepcopy(dict(given[key]))
-    if "labels" in (given.get("pod_monitor") or {}):
-        out["pod_monitor"]["labels"] = copy.deepcopy(dict(given["pod_monitor"]["labels"]))
-    return out
+    try:
+        return KubernetesSettings.from_section(k8s_settings).as_dict()
+    except SettingsError as exc:
+        raise ManifestError(str(exc)) from exc
 
 
 def _q(value: Any) -> str:

@@ -1,7 +1,7 @@
-"""`servelab resolve-config LOGFILE [--engine vllm|sglang]`: what an engine resolved, from its log.
+"""`servelab resolve-config LOGFILE [--engine NAME]`: what an engine resolved, from its log.
 
-Prints one JSON object (DESIGN.md "Reading what an engine resolved"). Exit codes: 0 parsed;
-2 unreadable file, or a text from neither engine (a message on stderr says which).
+Prints one JSON object (docs/engines.md "Reading what an engine resolved"). Exit codes: 0 parsed;
+2 unreadable file, or a text from no registered engine (a message on stderr says which).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.flags import ENGINE_NAMES
 from servelab.engines.logparse import UnknownEngineLog, parse_startup_log
+from servelab.engines.registry import engine_names, engine_specs
 
 __all__ = ["register", "resolve_config_main"]
 
@@ -38,12 +38,19 @@ def resolve_config_main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _titles() -> str:
+    titles = [spec.title for spec in engine_specs()]
+    return "a " + (
+        " or ".join(titles) if len(titles) < 3 else ", ".join(titles[:-1]) + " or " + titles[-1]
+    )
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "resolve-config",
-        help="print the configuration a vLLM or SGLang start-up log shows (JSON)",
+        help=f"print the configuration {_titles()} start-up log shows (JSON)",
         description=(
-            "Read a vLLM or SGLang start-up log and print one JSON object: engine, version, "
+            f"Read {_titles()} start-up log and print one JSON object: engine, version, "
             "chunked_prefill, chunk_size, prefix_caching, context_len, schedule_policy (null when "
             "the log does not show them) and the evidence lines they came from."
         ),
@@ -51,7 +58,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("logfile", help="the engine's start-up log (text)")
     p.add_argument(
         "--engine",
-        choices=ENGINE_NAMES,
+        choices=engine_names(),
         default=None,
         help="the engine that wrote the log (default: detected from the text)",
     )

@@ -1,217 +1,37 @@
-"""Command-line flags as each engine's own argument parser reads them.
+"""Command-line flags as each engine's own argument parser reads them (`parse_flags`).
 
-The parsers are rebuilt from each engine's real argument definitions (`_cli_tables.py`, generated
-from the vLLM 0.6.3 and SGLang 0.4.1 wheels): the same option strings, actions, types, defaults and
-choices, so `--enable-chunked-prefill` (vLLM's `StoreBoolean`, `nargs="?"`, `const="True"`),
-`--enable-chunked-prefill=False`, `--max-num-batched-tokens 2048` and `--max-num-batched-tokens=2048`
-all mean what they mean to the engine, and argparse's prefix matching (`--max-model 16384`) works
-as it does there. vLLM's `FlexibleArgumentParser` also accepts underscores (`--max_model_len`).
-
-Flags the engine does not know are kept in `EngineFlags.unknown` and do not stop parsing; a known
-flag with a bad value raises `FlagError` naming the flag, as the engine would refuse to start.
+The engine's argument table comes from the registry; the parser is rebuilt from it by
+`servelab.engines.cmdline`, so flags mean exactly what they mean to the engine.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Sequence
 
-from servelab.engines import _cli_tables
+from servelab.engines.base import EngineFlags, FlagError, UnknownEngine
+from servelab.engines.cmdline import parse_table
+from servelab.engines.registry import engine_names, engine_spec
 
-__all__ = [
-    "ENGINE_NAMES",
-    "EngineFlags",
-    "FlagError",
-    "parse_flags",
-]
-
-ENGINE_NAMES = ("vllm", "sglang")
-
-_TABLES: dict[str, tuple[tuple[Any, ...], ...]] = {
-    "vllm": _cli_tables.VLLM_0_6_3,
-    "sglang": _cli_tables.SGLANG_0_4_1,
-}
-
-
-class FlagError(ValueError):
-    """A flag the engine knows has a value the engine rejects. The message names the flag."""
-
-
-@dataclass(frozen=True)
-class EngineFlags:
-    """One engine's parsed command line.
-
-    `args` holds every destination of the engine's parser in the parser's own order (the order of
-    vLLM's `args: Namespace(...)` log line), defaults included; `given` names the destinations set
-    explicitly on the command line; `unknown` keeps the tokens the engine's parser does not know.
-    """
-
-    engine: str
-    flags: tuple[str, ...]
-    args: Mapping[str, Any]
-    given: frozenset[str]
-    unknown: tuple[str, ...]
-
-    def __getitem__(self, dest: str) -> Any:
-        return self.args[dest]
-
-    def is_given(self, dest: str) -> bool:
-        return dest in self.given
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and exiting."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise FlagError(f"{self.prog}: {message}")
-
-
-def _nullable_str(value: str) -> str | None:
-    """vLLM's `nullable_str`: an empty string or "None" is None."""
-    return None if not value or value == "None" else value
-
-
-def _nullable_kvs(value: str) -> dict[str, int] | None:
-    """vLLM's `nullable_kvs`: "image=16,video=2" -> {"image": 16, "video": 2}."""
-    if not value:
-        return None
-    out: dict[str, int] = {}
-    for item in value.split(","):
-        key, sep, num = item.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"Each item should be in the form KEY=VALUE: {item}")
-        try:
-            out[key] = int(num)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"Failed to parse value of item {item}") from exc
-    return out
-
-
-def _json(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"invalid JSON: {exc}") from exc
-
-
-_TYPES: dict[str | None, Any] = {
-    None: None,
-    "str": str,
-    "int": int,
-    "float": float,
-    "nullable_str": _nullable_str,
-    "nullable_kvs": _nullable_kvs,
-    "json": _json,
-}
-# argparse names the type in "invalid <type> value" messages.
-_nullable_kvs.__name__ = "nullable_kvs"
-_json.__name__ = "json"
-
-
-class _StoreBoolean(argparse.Action):
-    """vLLM's StoreBoolean: `--flag` (const "True"), `--flag=true|false` (any case)."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        text = str(values).lower()
-        if text == "true":
-            setattr(namespace, self.dest, True)
-        elif text == "false":
-            setattr(namespace, self.dest, False)
-        else:
-            raise FlagError(
-                f"{parser.prog}: argument {option_string}: Invalid boolean value: {values}. "
-                "Expected 'true' or 'false'."
-            )
-
-
-class _LoRAPaths(argparse.Action):
-    """SGLang's LoRAPathAction: NAME=PATH or PATH items into a dict."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        paths: dict[str, str] = {}
-        for item in values:
-            name, sep, path = item.partition("=")
-            paths[name if sep else item] = path if sep else item
-        setattr(namespace, self.dest, paths)
-
-
-class _Deprecated(argparse.Action):
-    """SGLang's DeprecatedAction: using the flag is an error."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        raise FlagError(
-            f"{parser.prog}: argument {option_string}: deprecated, the engine refuses to start"
-        )
-
-
-def _build(engine: str, *, suppress_defaults: bool) -> _Parser:
-    parser = _Parser(prog=engine, add_help=False)
-    for strings, dest, kind, tname, default, nargs, const, choices in _TABLES[engine]:
-        kwargs: dict[str, Any] = {"dest": dest}
-        kwargs["default"] = argparse.SUPPRESS if suppress_defaults else default
-        if kind == "store":
-            kwargs.update(type=_TYPES[tname], nargs=nargs, choices=choices)
-        elif kind == "store_true":
-            kwargs["action"] = "store_true"
-        elif kind == "store_boolean":
-            kwargs.update(action=_StoreBoolean, nargs=nargs, const=const)
-        elif kind == "append":
-            kwargs.update(action="append", type=_TYPES[tname])
-            if not suppress_defaults:
-                kwargs["default"] = list(default)
-        elif kind == "list":
-            kwargs.update(type=_TYPES[tname], nargs=nargs)
-        elif kind == "lora_paths":
-            kwargs.update(action=_LoRAPaths, nargs=nargs)
-        elif kind == "deprecated":
-            kwargs.update(action=_Deprecated, nargs=0)
-        else:  # pragma: no cover - the table is generated
-            raise AssertionError(f"unknown action kind {kind!r}")
-        parser.add_argument(*strings, **kwargs)
-    return parser
-
-
-def _normalise_vllm(tokens: Sequence[str]) -> list[str]:
-    """vLLM's FlexibleArgumentParser: underscores in `--long_option` names become dashes."""
-    out = []
-    for token in tokens:
-        if token.startswith("--"):
-            key, sep, value = token.partition("=")
-            out.append("--" + key[2:].replace("_", "-") + sep + value)
-        else:
-            out.append(token)
-    return out
+__all__ = ["EngineFlags", "FlagError", "parse_flags"]
 
 
 def parse_flags(engine: str, flags: Sequence[str]) -> EngineFlags:
-    """Parse `flags` as `engine`'s server would (vLLM 0.6.3 api_server / SGLang 0.4.1 launch_server).
+    """Parse `flags` as `engine`'s server would (e.g. vLLM 0.6.3 api_server, SGLang 0.4.1
+    launch_server).
 
     Raises FlagError (a ValueError) naming the flag when a known flag has a value the engine
-    rejects, or when SGLang is given no `--model-path` (required there).
+    rejects, or when a flag the engine requires (SGLang's `--model-path`) is missing.
     """
-    if engine not in _TABLES:
-        raise FlagError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINE_NAMES)}")
-    if isinstance(flags, str):
-        raise FlagError(f"{engine}: flags must be a list of strings, got one string {flags!r}")
-    tokens = [str(t) for t in flags]
-    if engine == "vllm":
-        tokens = _normalise_vllm(tokens)
     try:
-        full, unknown = _build(engine, suppress_defaults=False).parse_known_args(tokens)
-        explicit, _ = _build(engine, suppress_defaults=True).parse_known_args(tokens)
-    except argparse.ArgumentError as exc:  # pragma: no cover - error() raises first
-        raise FlagError(f"{engine}: {exc}") from exc
-    args = vars(full)
-    if engine == "sglang" and args.get("model_path") is None:
-        raise FlagError("sglang: the following arguments are required: --model-path")
-    return EngineFlags(
-        engine=engine,
-        flags=tuple(str(t) for t in flags),
-        args=MappingProxyType(dict(args)),
-        given=frozenset(vars(explicit)),
-        unknown=tuple(unknown),
+        spec = engine_spec(engine)
+    except UnknownEngine:
+        raise FlagError(
+            f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}"
+        ) from None
+    return parse_table(
+        engine,
+        spec.flag_table,
+        flags,
+        normalise=spec.normalise_flags,
+        required=spec.required_flags,
     )

@@ -1,5 +1,5 @@
 """The resolved-configuration gate: a run is measured only if the engine's start-up log CONFIRMS the
-chunked-prefill setting its arm expects (DESIGN.md "The experiment grid"; study §3.1 Req. 2).
+chunked-prefill setting its arm expects (docs/architecture.md; study §3.1 Req. 2).
 
 A value the log does not show is not confirmed: the gate refuses it just as it refuses a mismatch.
 Every refusal quotes the start-up log line that shows the actual value.
@@ -7,7 +7,7 @@ Every refusal quotes the start-up log line that shows the actual value.
 
 from __future__ import annotations
 
-from servelab.engines.logparse import ParsedLog
+from servelab.engines.base import ParsedLog
 
 __all__ = ["ResolvedConfigMismatch", "check_resolved"]
 

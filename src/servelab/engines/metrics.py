@@ -1,10 +1,9 @@
-"""Each engine's /metrics names and the canonical names telemetry uses (DESIGN.md `telemetry.parquet`).
+"""Each engine's /metrics names and the canonical names telemetry uses (docs/architecture.md,
+`telemetry.parquet`).
 
-Sources: research/engines.md A5 (vLLM 0.6.3 `vllm/engine/metrics.py`, label `model_name`) and B4
-(SGLang 0.4.1 `srt/metrics/collector.py` with `--enable-metrics`, label `model_name`; releases
-before 0.4 used the label `name`).
-
-Canonical mapping (`METRIC_MAP[engine][canonical] -> the engine's sample name`):
+Each engine's module defines its map (`EngineSpec.metric_map`: canonical name -> the engine's
+sample name) and every series it exports (`EngineSpec.metric_series`); `METRIC_MAP` and
+`ENGINE_METRICS` read them from the registry. The study's engines:
 
 | canonical               | vLLM 0.6.3                       | SGLang 0.4.1                      |
 |-------------------------|----------------------------------|-----------------------------------|
@@ -16,14 +15,13 @@ Canonical mapping (`METRIC_MAP[engine][canonical] -> the engine's sample name`):
 | generation_tokens_total | vllm:generation_tokens_total     | sglang:generation_tokens_total    |
 | prefix_cache_hit_rate   | vllm:gpu_prefix_cache_hit_rate   | sglang:cache_hit_rate             |
 
-SGLang 0.4.1 exports no preemption (retraction) counter: retractions appear only in its log
-("Decode out of memory happened. #retracted_reqs: N"). `preemptions_total` is therefore OMITTED
-from SGLang's map (not mapped to a stand-in series, not filled with zeros): `canonical_metrics`
-does not list it and telemetry records no such series for SGLang runs.
+A canonical metric an engine does not export (SGLang 0.4.1 has no preemption counter) is OMITTED
+from its map (not mapped to a stand-in series, not filled with zeros): `canonical_metrics` does not
+list it and telemetry records no such series for that engine's runs.
 
 Caveats the analysis must respect: vLLM's hit rate is -1 when prefix caching is off and otherwise
 a lifetime block-level rate; SGLang's is a lifetime token rate, refreshed only on prefill-batch
-log lines and inflated by chunked prefill (engines.md B2); SGLang's gauges are stale between its
+log lines and inflated by chunked prefill (docs/engines.md); SGLang's gauges are stale between its
 log lines (every prefill batch and every 40 decode steps).
 """
 
@@ -35,7 +33,7 @@ from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.engines.flags import ENGINE_NAMES
+from servelab.engines.registry import EngineView, engine_names
 
 __all__ = [
     "ENGINE_METRICS",
@@ -47,70 +45,13 @@ __all__ = [
     "parse_metrics_text",
 ]
 
-METRIC_MAP: dict[str, dict[str, str]] = {
-    "vllm": {
-        "kv_cache_usage": "vllm:gpu_cache_usage_perc",
-        "requests_running": "vllm:num_requests_running",
-        "requests_waiting": "vllm:num_requests_waiting",
-        "preemptions_total": "vllm:num_preemptions_total",
-        "prompt_tokens_total": "vllm:prompt_tokens_total",
-        "generation_tokens_total": "vllm:generation_tokens_total",
-        "prefix_cache_hit_rate": "vllm:gpu_prefix_cache_hit_rate",
-    },
-    "sglang": {
-        "kv_cache_usage": "sglang:token_usage",
-        "requests_running": "sglang:num_running_reqs",
-        "requests_waiting": "sglang:num_queue_reqs",
-        "prompt_tokens_total": "sglang:prompt_tokens_total",
-        "generation_tokens_total": "sglang:generation_tokens_total",
-        "prefix_cache_hit_rate": "sglang:cache_hit_rate",
-    },
-}
-
-# Every series each engine exports (metric family name -> type), engines.md A5 / B4.
-ENGINE_METRICS: Mapping[str, Mapping[str, str]] = MappingProxyType(
-    {
-        "vllm": MappingProxyType(
-            {
-                "vllm:num_requests_running": "gauge",
-                "vllm:num_requests_waiting": "gauge",
-                "vllm:num_requests_swapped": "gauge",
-                "vllm:gpu_cache_usage_perc": "gauge",
-                "vllm:cpu_cache_usage_perc": "gauge",
-                "vllm:cpu_prefix_cache_hit_rate": "gauge",
-                "vllm:gpu_prefix_cache_hit_rate": "gauge",
-                "vllm:num_preemptions_total": "counter",
-                "vllm:prompt_tokens_total": "counter",
-                "vllm:generation_tokens_total": "counter",
-                "vllm:request_success_total": "counter",
-                "vllm:time_to_first_token_seconds": "histogram",
-                "vllm:time_per_output_token_seconds": "histogram",
-                "vllm:e2e_request_latency_seconds": "histogram",
-                "vllm:request_prompt_tokens": "histogram",
-                "vllm:request_generation_tokens": "histogram",
-                "vllm:request_params_n": "histogram",
-                "vllm:avg_prompt_throughput_toks_per_s": "gauge",
-                "vllm:avg_generation_throughput_toks_per_s": "gauge",
-                "vllm:cache_config_info": "gauge",
-            }
-        ),
-        "sglang": MappingProxyType(
-            {
-                "sglang:num_running_reqs": "gauge",
-                "sglang:num_used_tokens": "gauge",
-                "sglang:token_usage": "gauge",
-                "sglang:gen_throughput": "gauge",
-                "sglang:num_queue_reqs": "gauge",
-                "sglang:cache_hit_rate": "gauge",
-                "sglang:prompt_tokens_total": "counter",
-                "sglang:generation_tokens_total": "counter",
-                "sglang:time_to_first_token_seconds": "histogram",
-                "sglang:time_per_output_token_seconds": "histogram",
-                "sglang:e2e_request_latency_seconds": "histogram",
-                "sglang:func_latency_seconds": "histogram",
-            }
-        ),
-    }
+# {engine: {canonical name: the engine's sample name}}, from the registry.
+METRIC_MAP: EngineView[Mapping[str, str]] = EngineView(
+    lambda spec: MappingProxyType(dict(spec.metric_map))
+)
+# {engine: {metric family name: type}}: every series each engine exports, from the registry.
+ENGINE_METRICS: EngineView[Mapping[str, str]] = EngineView(
+    lambda spec: MappingProxyType(dict(spec.metric_series))
 )
 
 # The label naming the served model: `model_name` (vLLM; SGLang >= 0.4) or `name` (SGLang 0.3.x).
@@ -139,7 +80,7 @@ class MetricSample:
 def canonical_metrics(engine: str) -> list[str]:
     """The canonical metric names `engine` provides, sorted (SGLang has no preemptions_total)."""
     if engine not in METRIC_MAP:
-        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINE_NAMES)}")
+        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}")
     return sorted(METRIC_MAP[engine])
 
 
@@ -176,7 +117,7 @@ def canonical_values(
     contain is absent from the result; more than one series for one name raises ValueError.
     """
     if engine not in METRIC_MAP:
-        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(ENGINE_NAMES)}")
+        raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}")
     wanted = {source: canonical for canonical, source in METRIC_MAP[engine].items()}
     found: dict[str, list[MetricSample]] = {}
     for sample in samples:

@@ -1,9 +1,11 @@
 """Shared pieces of the simulated engines: the request record, the iteration result, the decode tracker.
 
-An engine model is a stepping state machine that knows nothing about the clock it runs on:
-`add_request(...)`, `abort(...)`, `has_work()`, `step(now) -> Iteration`, `metrics()`. The virtual-time
-runner (`sim.runner`) and a real-time server both drive it the same way: call `step(now)`, wait
-`Iteration.duration_s` (virtually or really), and read what the iteration produced.
+An engine model is a stepping state machine that knows nothing about the clock it runs on: the one
+interface `EngineModel` (`add_request(...)`, `abort(...)`, `has_work()`, `step(now) -> Iteration`,
+`metrics()`, and the per-request read-outs it implements once for every engine). The virtual-time
+runner (`sim.runner`) and the real-time server (`sim.server`) both drive it the same way: call
+`step(now)`, wait `Iteration.duration_s` (virtually or really), and read what the iteration produced.
+Which model imitates which engine is listed in `sim.models`.
 
 Hot-path design: every engine runs all of its decoding requests in every decode step (vLLM V0 and SGLang
 0.4.1 both do, given max_num_seqs/max_running_requests), so a decode step emits exactly one token per
@@ -211,9 +213,18 @@ class DecodeTracker:
 
 
 class EngineModel(ABC):
-    """The interface both simulated engines implement (see the module docstring)."""
+    """The interface every simulated engine implements (see the module docstring).
+
+    A subclass keeps its requests in `reqs` and its decoding requests in `dec`; the per-request
+    read-outs (`token_times`, `output_tokens`, `prompt_tokens`, `error`, `forget`) and the common
+    part of `add_request` (`_new_request`) are implemented here once.
+    """
 
     engine: str
+    reqs: dict[str, Req]
+    dec: DecodeTracker
+    _uid: int
+    bos_token_id: int | None
 
     @abstractmethod
     def add_request(
@@ -237,19 +248,42 @@ class EngineModel(ABC):
     def metrics(self) -> dict[str, float]:
         """Current values of the engine's own /metrics series (gauges and counters)."""
 
-    @abstractmethod
+    def _prompt_ids(
+        self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray, max_tokens: int
+    ) -> np.ndarray:
+        """The prompt as the engine holds it (BOS prepended when the model has one), after the
+        checks every engine makes of a new request."""
+        if req_id in self.reqs:
+            raise ValueError(f"request {req_id}: already in the engine")
+        if max_tokens < 1:
+            raise ValueError(f"request {req_id}: max_tokens must be >= 1")
+        ids = np.asarray(prompt_token_ids, dtype=np.int64)
+        if self.bos_token_id is not None:
+            ids = np.concatenate((np.array([self.bos_token_id], dtype=np.int64), ids))
+        return ids
+
+    def _new_request(self, req_id: str, ids: np.ndarray, max_tokens: int, now: float) -> Req:
+        """Record a new request (ids as `_prompt_ids` returned them, possibly cut)."""
+        r = Req(req_id, self._uid, ids, max_tokens, now)
+        self._uid += 1
+        self.reqs[req_id] = r
+        return r
+
     def token_times(self, req_id: str) -> np.ndarray:
         """Times of every output token the request has received so far."""
+        return self.dec.token_times(self.reqs[req_id])
 
-    @abstractmethod
     def output_tokens(self, req_id: str) -> int:
         """Output tokens generated so far."""
+        r = self.reqs[req_id]
+        return self.dec.outputs(r) if r.state == DECODING else r.out
 
-    @abstractmethod
     def forget(self, req_id: str) -> None:
         """Release the bookkeeping of a finished or aborted request."""
-
-    reqs: dict[str, Req]
+        r = self.reqs.pop(req_id, None)
+        if r is not None and r.state not in (FINISHED, ABORTED):
+            self.reqs[req_id] = r
+            raise ValueError(f"request {req_id}: still in the engine")
 
     def prompt_tokens(self, req_id: str) -> int:
         """Prompt tokens as the engine reports them in usage (BOS included)."""

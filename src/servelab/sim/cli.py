@@ -1,4 +1,7 @@
-"""`servelab sim ...`: run the simulator outside Snakemake.
+"""`servelab sim ...` and `servelab serve-sim`: run the simulator outside Snakemake.
+
+`servelab serve-sim` serves a simulated engine live over HTTP (servelab.sim.server_cli); the two
+`sim` subcommands run it offline:
 
     servelab sim deploy --config config/config.yaml --arm defaults --engine vllm --condition rate-0.28 \
         --out results/deployments/x/startup.log
@@ -14,11 +17,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from servelab.config import (
+    ARMS,
     ConfigError,
     arm_conditions,
     deployment_for,
     load_config,
 )
+from servelab.sim.models import simulated_engines
+from servelab.sim.run import sim_deploy, simulate_config_run
+from servelab.sim.server_cli import add_arguments as add_serve_arguments
+from servelab.sim.server_cli import serve_main
 
 __all__ = ["register"]
 
@@ -27,8 +35,8 @@ _DEPLOY_TIMESTAMP = datetime(2026, 1, 1, tzinfo=UTC)
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="config/config.yaml", help="config file")
-    p.add_argument("--arm", required=True, choices=("defaults", "matched"))
-    p.add_argument("--engine", required=True, choices=("vllm", "sglang"))
+    p.add_argument("--arm", required=True, choices=ARMS)
+    p.add_argument("--engine", required=True, choices=simulated_engines())
     p.add_argument("--condition", required=True, help="condition id, e.g. rate-0.28")
 
 
@@ -43,8 +51,6 @@ def _deployment(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
-    from servelab.sim.run import sim_deploy
-
     cfg, dep = _deployment(args)
     resolved = sim_deploy(
         engine=args.engine,
@@ -61,8 +67,6 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from servelab.sim.run import simulate_config_run
-
     cfg, _ = _deployment(args)  # also refuses a run outside the grid
     faults: list[dict[str, Any]] = []
     if args.reclaim_at is not None:
@@ -86,7 +90,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add `servelab sim deploy` and `servelab sim run`."""
+    """Add `servelab sim deploy`, `servelab sim run` and `servelab serve-sim`."""
     sim = subparsers.add_parser("sim", help="simulated engines (the default backend)")
     sub = sim.add_subparsers(dest="sim_command", required=True)
 
@@ -108,3 +112,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--reclaim-at", type=float, default=None, help="inject a node reclamation (s)")
     run.add_argument("--fail", action="store_true", help="inject an engine crash at trace start")
     run.set_defaults(func=_cmd_run)
+
+    serve = subparsers.add_parser(
+        "serve-sim",
+        help="serve a simulated engine over an OpenAI-compatible HTTP API, in real time",
+        description="Serve the simulator's vLLM-0.6.3-like or SGLang-0.4.1-like engine live: "
+        "/v1/completions (streaming), /health, /v1/models, /metrics.",
+    )
+    add_serve_arguments(serve)
+    serve.set_defaults(func=serve_main)

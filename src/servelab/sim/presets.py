@@ -1,7 +1,7 @@
 """Hardware and model presets for the simulator's roofline cost model (config `gpu.name`, `model.preset`).
 
 Sources (see docs/simulator.md): GPU peak dense BF16 tensor throughput and DRAM bandwidth from the vendors'
-published specifications (the L4 figures as collected in research/engines.md part D); model dimensions from
+published specifications (the L4 figures: docs/simulator.md, "Cost model"); model dimensions from
 each model's Hugging Face `config.json`.
 """
 

@@ -30,16 +30,16 @@ from servelab.artifacts import (
     write_parquet,
     write_text,
 )
+from servelab.config import conditions, deployment_for, offered_load
 from servelab.engines import ResolvedConfig, render_startup_log, resolve
 from servelab.runrecord import build_run_record
 from servelab.sim.base import EngineModel
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration, CostModel
-from servelab.sim.memory import KvCapacity, sglang_kv_capacity, vllm_kv_capacity
+from servelab.sim.memory import KvCapacity
+from servelab.sim.models import build_model, engine_params, simulated_engine
 from servelab.sim.params import EngineParams
 from servelab.sim.presets import GpuPreset, ModelPreset, gpu_preset, model_preset
 from servelab.sim.runner import RunOutcome, WarmupRequest, run_trace
-from servelab.sim.sglang import SglangModel
-from servelab.sim.vllm import VllmModel
 from servelab.workload.loader import load_trace
 
 __all__ = [
@@ -66,20 +66,7 @@ def kv_capacity(
     resolved: ResolvedConfig, model: ModelPreset, gpu: GpuPreset, gpu_memory_mib: int
 ) -> KvCapacity:
     """The KV capacity the engine derives at start-up (sim.memory; docs/simulator.md)."""
-    if resolved.engine == "vllm":
-        assert resolved.max_num_seqs is not None and resolved.block_size is not None
-        return vllm_kv_capacity(
-            model,
-            gpu,
-            gpu_memory_utilization=resolved.memory_fraction,
-            max_num_batched_tokens=resolved.token_budget,
-            max_num_seqs=resolved.max_num_seqs,
-            block_size=resolved.block_size,
-            gpu_memory_mib=gpu_memory_mib,
-        )
-    return sglang_kv_capacity(
-        model, gpu, mem_fraction_static=resolved.memory_fraction, gpu_memory_mib=gpu_memory_mib
-    )
+    return simulated_engine(resolved.engine).kv_capacity(resolved, model, gpu, gpu_memory_mib)
 
 
 @dataclass(frozen=True)
@@ -115,13 +102,9 @@ def build_engine(
         model_max_position_embeddings=preset.max_position_embeddings,
     )
     cap = kv_capacity(resolved, preset, gpu, mem)
-    params = EngineParams.from_resolved(resolved, kv_capacity_tokens=cap.tokens)
+    params = engine_params(resolved, kv_capacity_tokens=cap.tokens)
     cost = CostModel(preset, gpu, engine, calibration)
-    model: EngineModel
-    if engine == "vllm":
-        model = VllmModel(params, preset, cost, track_emitted=track_emitted)
-    else:
-        model = SglangModel(params, preset, cost, track_emitted=track_emitted)
+    model = build_model(params, preset, cost, track_emitted=track_emitted)
     return SimEngine(resolved, cap, params, model, preset, gpu)
 
 
@@ -402,8 +385,6 @@ def simulate_config_run(
 ) -> dict[str, Any]:
     """`simulate_run_files` for one run of a validated servelab config, outside Snakemake
     (the `servelab sim run` command and the benchmarks)."""
-    from servelab.config import conditions, deployment_for, offered_load
-
     deployment = deployment_for(config, arm, engine, condition)
     trace, out = Path(trace_dir), Path(out_dir)
     return simulate_run_files(

@@ -1,6 +1,6 @@
 """Virtual-time discrete-event runner: one engine model serving one trace, as the live dispatcher would.
 
-Run protocol (the same as the live dispatcher's, DESIGN.md "Workload" and §5.4):
+Run protocol (the same as the live dispatcher's, docs/simulator.md "Run protocol and artifacts"):
 1. At t = 0 the client sends the warm-up requests all at once (flagged, role "warmup", graph -1).
 2. When all have completed, the trace starts at t0: every trace request's scheduled time is t0 plus
    its time in the trace; requests without predecessors at their graph's arrival, the others when
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from servelab.engines.registry import engine_spec
 from servelab.sim.base import EngineModel
 from servelab.workload.release import ReleaseTracker, TraceRequest
 
@@ -155,7 +156,7 @@ def run_trace(
         times = model.token_times(rid)
         if not finished:
             times = times[times <= t]
-        interval = 1 if model.engine == "vllm" else stream_interval
+        interval = engine_spec(model.engine).stream_interval or stream_interval
         rec.chunk_times_s, rec.chunk_tokens = _chunks(times, interval, finished)
         rec.status = status
         rec.error = error
@@ -287,7 +288,7 @@ def run_trace(
             if rec.request_id in active:
                 times = model.token_times(rec.request_id)
                 times = times[times <= now]
-                interval = 1 if model.engine == "vllm" else stream_interval
+                interval = engine_spec(model.engine).stream_interval or stream_interval
                 rec.chunk_times_s, rec.chunk_tokens = _chunks(times, interval, False)
     return RunOutcome(
         records=out,

@@ -1,14 +1,14 @@
 """The live simulated engine: an OpenAI-compatible HTTP server running an engine model in real time.
 
 An engine model (servelab.sim's vLLM-like and SGLang-like schedulers, or `ConstantModel` here) is a
-clock-independent state machine: `add_request`, `abort`, `has_work`, `step(now) -> Iteration`,
-`metrics()`. This server drives it on the real clock: the engine loop asks the model for the next
+clock-independent state machine with one interface (`servelab.sim.base.EngineModel`): `add_request`,
+`abort`, `has_work`, `step(now) -> Iteration`, `metrics()`. This server drives it on the real clock: the engine loop asks the model for the next
 iteration, sleeps for that iteration's duration, then pushes the tokens it emitted to the waiting
 streams. Requests that arrive during an iteration join at the next one, as in the real engines.
 
 HTTP is HTTP/1.1 over asyncio streams with h11 doing the protocol (keep-alive, chunked transfer
 encoding); no web framework. Endpoints, imitating vLLM 0.6.3 and SGLang 0.4.1
-(research/engines.md A5/A6, B4/B5):
+(upstream sources in docs/engines.md, "Upstream sources"):
 
 - `POST /v1/completions`: `prompt` as text (tokenized with the workload tokenizer; BOS prepended as
   the engines do, so usage reports L + 1) or token ids; `max_tokens`, `ignore_eos` (the simulated
@@ -42,19 +42,21 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import h11
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from servelab.engines.metrics import ENGINE_METRICS
+from servelab.engines.metrics import ENGINE_METRICS, METRIC_MAP
+from servelab.engines.registry import engine_names
+from servelab.sim.base import DECODING, FINISHED, EngineModel, Iteration, Req
 
 __all__ = [
-    "ENGINES",
     "ConstantModel",
     "EngineModel",
     "FaultConfig",
@@ -65,45 +67,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("vllm", "sglang")
 _MAX_BODY = 64 * 1024 * 1024
 _RESYNC_S = 0.05  # an engine loop further behind its plan than this restarts from "now"
-_SERVER_HEADER = {"vllm": b"uvicorn", "sglang": b"uvicorn"}
-
-
-class EngineModel(Protocol):
-    """The stepping API of servelab.sim's engine models (clock-independent)."""
-
-    def add_request(
-        self, req_id: str, prompt_token_ids: Sequence[int], max_tokens: int, now: float
-    ) -> None: ...
-
-    def abort(self, req_id: str) -> None: ...
-
-    def has_work(self) -> bool: ...
-
-    def step(self, now: float) -> Any: ...
-
-    def metrics(self) -> Mapping[str, float]: ...
-
-
-def read_iteration(it: Any) -> tuple[float, Mapping[str, int], Collection[str]]:
-    """(duration_s, tokens emitted per request, ended request ids) of one model iteration.
-
-    servelab.sim's `Iteration` lists the requests that got one token each (`emitted`), those that
-    completed (`finished`) and those the engine refused (`rejected`, e.g. a prompt over the limit,
-    which ends with no output as vLLM's ignored prompts do). A mapping of token counts is accepted
-    too (ConstantModel).
-    """
-    duration = float(it.duration_s if hasattr(it, "duration_s") else it.duration)
-    emitted = it.emitted
-    if not isinstance(emitted, Mapping):
-        emitted = dict.fromkeys(emitted, 1)
-    ended: Collection[str] = it.finished
-    rejected = getattr(it, "rejected", ())
-    if rejected:
-        ended = (*ended, *rejected)
-    return duration, emitted, ended
+_SERVER_HEADER = b"uvicorn"  # both engines' OpenAI servers run on uvicorn
 
 
 # --------------------------------------------------------------------------- faults
@@ -148,37 +114,42 @@ def fault_decision(seed: int, index: int, kind: str, rate: float) -> bool:
 # --------------------------------------------------------------------------- a constant-cost model
 
 
-class ConstantModel:
+class ConstantModel(EngineModel):
     """A trivial engine model for tests and the dispatcher benchmark: every iteration lasts exactly
     `itl_s` and gives one token to every request in the engine (new requests included: their
     first token comes at the end of the first iteration they join), with unlimited batching.
 
     Its true inter-token latency is therefore the server's achieved iteration length, which the
     dispatcher benchmark compares its measured ITL against. Metrics are exported under the
-    engine's own names (engines.METRIC_MAP) with simple values.
+    engine's own names (engines.METRIC_MAP) with simple values. The prompt is taken as given (no
+    BOS), and every request is decoding from the iteration it joins.
     """
 
     def __init__(self, engine: str, *, itl_s: float = 0.02) -> None:
-        if engine not in ENGINES:
+        if engine not in engine_names():
             raise ValueError(f"unknown engine {engine!r}")
         if itl_s <= 0:
             raise ValueError(f"itl_s must be positive, got {itl_s}")
         self.engine = engine
         self.itl_s = itl_s
-        self._waiting: dict[str, tuple[int, int]] = {}
-        self._running: dict[str, int] = {}  # req_id -> tokens still to generate
+        self.bos_token_id = None
+        self.reqs: dict[str, Req] = {}
+        self._uid = 0
+        self._times: dict[str, list[float]] = {}
+        self._waiting: dict[str, Req] = {}
+        self._running: dict[str, Req] = {}
         self._prompt_total = 0
         self._generation_total = 0
 
     def add_request(
-        self, req_id: str, prompt_token_ids: Sequence[int], max_tokens: int, now: float
+        self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray, max_tokens: int, now: float
     ) -> None:
-        del now
         if req_id in self._waiting or req_id in self._running:
             raise ValueError(f"request {req_id} added twice")
-        if max_tokens < 1:
-            raise ValueError(f"request {req_id}: max_tokens must be >= 1")
-        self._waiting[req_id] = (len(prompt_token_ids), int(max_tokens))
+        self.reqs.pop(req_id, None)  # a finished request's id may come again
+        ids = self._prompt_ids(req_id, prompt_token_ids, max_tokens)
+        self._waiting[req_id] = self._new_request(req_id, ids, int(max_tokens), now)
+        self._times[req_id] = []
 
     def abort(self, req_id: str) -> None:
         self._waiting.pop(req_id, None)
@@ -187,27 +158,47 @@ class ConstantModel:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
-    def step(self, now: float) -> _ConstantIteration:
-        del now
-        for rid, (n_prompt, max_tokens) in self._waiting.items():
-            self._prompt_total += n_prompt
-            self._running[rid] = max_tokens
+    def step(self, now: float) -> Iteration:
+        for rid, r in self._waiting.items():
+            self._prompt_total += r.prompt_len
+            r.state = DECODING
+            self._running[rid] = r
         self._waiting.clear()
-        emitted = dict.fromkeys(self._running, 1)
+        emitted = tuple(self._running)
         finished = []
         for rid in emitted:
-            left = self._running[rid] - 1
-            if left:
-                self._running[rid] = left
-            else:
+            r = self._running[rid]
+            r.out += 1
+            self._times[rid].append(now + self.itl_s)
+            if r.out >= r.max_tokens:
+                r.state = FINISHED
                 del self._running[rid]
                 finished.append(rid)
         self._generation_total += len(emitted)
-        return _ConstantIteration(self.itl_s, emitted, finished)
+        return Iteration(
+            start_s=now,
+            duration_s=self.itl_s,
+            kind="decode",
+            batch_size=len(emitted),
+            prefill_tokens=0,
+            computed_tokens=0,
+            cached_tokens=0,
+            decode_tokens=len(emitted),
+            emitted=emitted,
+            finished=tuple(finished),
+        )
+
+    def token_times(self, req_id: str) -> np.ndarray:
+        return np.asarray(self._times[req_id], dtype=np.float64)
+
+    def output_tokens(self, req_id: str) -> int:
+        return self.reqs[req_id].out
+
+    def forget(self, req_id: str) -> None:
+        self.reqs.pop(req_id, None)
+        self._times.pop(req_id, None)
 
     def metrics(self) -> dict[str, float]:
-        from servelab.engines.metrics import METRIC_MAP
-
         values = {
             "kv_cache_usage": min(1.0, len(self._running) / 256.0),
             "requests_running": float(len(self._running)),
@@ -222,13 +213,6 @@ class ConstantModel:
             for canonical, source in METRIC_MAP[self.engine].items()
             if source is not None and canonical in values
         }
-
-
-@dataclass(frozen=True)
-class _ConstantIteration:
-    duration: float
-    emitted: dict[str, int]
-    finished: list[str]
 
 
 # --------------------------------------------------------------------------- metrics
@@ -311,8 +295,10 @@ class SimServer:
         on_crash: Callable[[], None] | None = None,
         prompt_token_offset: int = 0,
     ) -> None:
-        if engine not in ENGINES:
-            raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+        if engine not in engine_names():
+            raise ValueError(
+                f"unknown engine {engine!r}; expected one of {', '.join(engine_names())}"
+            )
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.model = model
@@ -429,7 +415,9 @@ class SimServer:
                 planned_end if planned_end is not None and now - planned_end < _RESYNC_S else now
             )
             it = self.model.step(start)
-            duration, emitted, finished = read_iteration(it)
+            duration = it.duration_s
+            emitted = it.emitted
+            finished = (*it.finished, *it.rejected)  # a refused prompt ends with no output
             if duration <= 0 and not emitted and not finished:
                 planned_end = prev_end = None
                 await asyncio.sleep(0.001)  # nothing could be scheduled: do not spin
@@ -447,10 +435,10 @@ class SimServer:
             if self._stalled or self.crashed:
                 continue
             finished_set = set(finished)
-            for rid, n in emitted.items():
+            for rid in emitted:  # one token each
                 stream = self._streams.get(rid)
                 if stream is not None:
-                    self._emit(stream, int(n), rid in finished_set)
+                    self._emit(stream, 1, rid in finished_set)
             for rid in finished_set.difference(emitted):
                 stream = self._streams.get(rid)
                 if stream is not None:
@@ -598,7 +586,7 @@ class SimServer:
 
     def _headers(self, content_type: bytes, extra: Sequence[tuple[bytes, bytes]] = ()) -> list:
         return [
-            (b"server", _SERVER_HEADER[self.engine]),
+            (b"server", _SERVER_HEADER),
             (b"content-type", content_type),
             (b"x-servelab-instance", self.instance_id.encode()),
             *extra,

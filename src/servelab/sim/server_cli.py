@@ -1,4 +1,4 @@
-"""`servelab serve-sim`: run the live simulated engine server (registered by servelab.dispatch.cli).
+"""`servelab serve-sim`: run the live simulated engine server (registered by servelab.sim.cli).
 
 Builds the engine model for (engine, flags, GPU, model preset) the way the simulator does, prints
 the engine's start-up log (servelab.engines.render_startup_log, the real line formats) to stdout and
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.resources
 import logging
 import os
 import shlex
@@ -20,7 +21,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from servelab.sim.server import ENGINES, ConstantModel, FaultConfig, SimServer
+from servelab.artifacts import write_text
+from servelab.engines.registry import engine_spec
+from servelab.engines.startup_log import render_startup_log
+from servelab.sim.models import simulated_engines
+from servelab.sim.run import build_engine as sim_build_engine
+from servelab.sim.server import ConstantModel, FaultConfig, SimServer
+from servelab.workload.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
 __all__ = ["add_arguments", "build_engine", "serve_main"]
 
@@ -30,7 +37,9 @@ CRASH_EXIT_STATUS = 70
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", required=True, choices=ENGINES, help="engine to imitate")
+    parser.add_argument(
+        "--engine", required=True, choices=simulated_engines(), help="engine to imitate"
+    )
     parser.add_argument(
         "--flags",
         default="",
@@ -111,8 +120,6 @@ def build_engine(
 ) -> Any:
     """The deployment's simulated engine, built exactly as the simulator builds it
     (servelab.sim.run.build_engine: resolved configuration, KV capacity, stepping model)."""
-    from servelab.sim.run import build_engine as sim_build_engine
-
     return sim_build_engine(
         engine=engine,
         flags=flags,
@@ -130,20 +137,14 @@ def _tokenizer(name: str) -> Any:
     transformers' import time (seconds) at every server start. Any other name goes through
     servelab.workload.tokenizer.load_tokenizer.
     """
-    from servelab.workload.tokenizer import DEFAULT_TOKENIZER
-
     backend: Any = None
     if name == DEFAULT_TOKENIZER:
-        import importlib.resources
-
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # the Rust backend: loaded only by the server that uses it
 
         with contextlib.suppress(ModuleNotFoundError, FileNotFoundError):
             path = importlib.resources.files(DEFAULT_TOKENIZER) / "tokenizer.json"
             backend = Tokenizer.from_str(path.read_text(encoding="utf-8"))
     if backend is None:
-        from servelab.workload.tokenizer import load_tokenizer
-
         backend = load_tokenizer(name).backend_tokenizer
 
     def tokenize(text: str) -> list[int]:
@@ -157,9 +158,6 @@ def serve_main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from servelab.artifacts import write_text
-    from servelab.engines.startup_log import render_startup_log
-
     flags = shlex.split(args.flags)
     sim = build_engine(
         engine=args.engine,
@@ -178,11 +176,15 @@ def serve_main(args: argparse.Namespace) -> int:
         offset = 1 if preset.bos_token_id is not None else 0  # the model prepends BOS itself
         tokenize = _tokenizer(args.tokenizer)
     interval = args.stream_interval
-    if args.engine == "vllm" and interval != 1:
+    fixed = engine_spec(args.engine).stream_interval
+    if fixed is not None and interval != fixed:
         log.warning(
-            "vLLM 0.6.3 streams one token per chunk: --stream-interval %d ignored", interval
+            "%s streams %d token(s) per chunk: --stream-interval %d ignored",
+            engine_spec(args.engine).title,
+            fixed,
+            interval,
         )
-        interval = 1
+        interval = fixed
     faults = FaultConfig(
         crash_at_s=args.fault_crash_at,
         http500_rate=args.fault_http500_rate,

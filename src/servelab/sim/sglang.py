@@ -1,6 +1,6 @@
 """An SGLang-0.4.1-like engine: radix-tree prefix cache, LPM ordering, PrefillAdder, retraction.
 
-Mechanisms (research/engines.md B1-B4; srt/managers/scheduler.py, schedule_policy.py,
+Mechanisms (docs/engines.md, "Upstream sources"; srt/managers/scheduler.py, schedule_policy.py,
 schedule_batch.py, mem_cache/radix_cache.py of the 0.4.1 wheel):
 
 - Token-level radix cache (`sim.radix`): a prompt reuses a cached prefix of any length, capped at
@@ -83,6 +83,7 @@ class SglangModel(EngineModel):
             )
         self.p = params
         self.model = model
+        self.bos_token_id = model.bos_token_id
         self.cost = cost
         self.track_emitted = track_emitted
         self.total = params.kv_capacity_tokens
@@ -130,22 +131,14 @@ class SglangModel(EngineModel):
     def add_request(
         self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray, max_tokens: int, now: float
     ) -> None:
-        if req_id in self.reqs:
-            raise ValueError(f"request {req_id}: already in the engine")
-        if max_tokens < 1:
-            raise ValueError(f"request {req_id}: max_tokens must be >= 1")
-        ids = np.asarray(prompt_token_ids, dtype=np.int64)
-        if self.model.bos_token_id is not None:
-            ids = np.concatenate((np.array([self.model.bos_token_id], dtype=np.int64), ids))
+        ids = self._prompt_ids(req_id, prompt_token_ids, max_tokens)
         if ids.shape[0] > self.p.prompt_limit:  # "Request length is longer than ... Truncated!!!"
             ids = ids[: self.p.prompt_limit]
         max_tokens = max(1, min(int(max_tokens), self.max_req_len - int(ids.shape[0]) - 1))
         if not self.has_work():  # the scheduler idled: SGLang resets the ratio on an idle loop
             self.new_token_ratio = self.init_ratio
-        r = Req(req_id, self._uid, ids, max_tokens, now)
+        r = self._new_request(req_id, ids, max_tokens, now)
         r.key = key_bytes(ids)
-        self._uid += 1
-        self.reqs[req_id] = r
         self.inbox.append(r)
 
     def abort(self, req_id: str) -> None:
@@ -168,19 +161,6 @@ class SglangModel(EngineModel):
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.inbox or self.dec.members or self.chunked is not None)
-
-    def token_times(self, req_id: str) -> np.ndarray:
-        return self.dec.token_times(self.reqs[req_id])
-
-    def output_tokens(self, req_id: str) -> int:
-        r = self.reqs[req_id]
-        return self.dec.outputs(r) if r.state == DECODING else r.out
-
-    def forget(self, req_id: str) -> None:
-        r = self.reqs.pop(req_id, None)
-        if r is not None and r.state not in (FINISHED, ABORTED):
-            self.reqs[req_id] = r
-            raise ValueError(f"request {req_id}: still in the engine")
 
     # ------------------------------------------------------------------ helpers
 

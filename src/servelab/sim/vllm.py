@@ -1,6 +1,6 @@
 """A vLLM-0.6.3-V0-like engine: iteration-level batching over a paged, prefix-cached KV cache.
 
-Mechanisms (research/engines.md A3-A5; vllm/core/scheduler.py, core/block_manager_v2.py,
+Mechanisms (docs/engines.md, "Upstream sources"; vllm/core/scheduler.py, core/block_manager_v2.py,
 core/block/prefix_caching_block.py, worker/model_runner.py of the 0.6.3 wheel):
 
 - Without chunked prefill (`_schedule_default`): waiting requests are admitted in FCFS order into a
@@ -75,6 +75,7 @@ class VllmModel(EngineModel):
             raise ValueError("max_num_batched_tokens must be a multiple of the block size")
         self.p = params
         self.model = model
+        self.bos_token_id = model.bos_token_id
         self.cost = cost
         self.track_emitted = track_emitted
         self.bs = params.block_size
@@ -110,17 +111,8 @@ class VllmModel(EngineModel):
     def add_request(
         self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray, max_tokens: int, now: float
     ) -> None:
-        if req_id in self.reqs:
-            raise ValueError(f"request {req_id}: already in the engine")
-        if max_tokens < 1:
-            raise ValueError(f"request {req_id}: max_tokens must be >= 1")
-        ids = np.asarray(prompt_token_ids, dtype=np.int64)
-        if self.model.bos_token_id is not None:
-            ids = np.concatenate((np.array([self.model.bos_token_id], dtype=np.int64), ids))
-        r = Req(req_id, self._uid, ids, max_tokens, now)
-        self._uid += 1
-        self.reqs[req_id] = r
-        self.waiting.append(r)
+        ids = self._prompt_ids(req_id, prompt_token_ids, max_tokens)
+        self.waiting.append(self._new_request(req_id, ids, max_tokens, now))
 
     def abort(self, req_id: str) -> None:
         r = self.reqs.get(req_id)
@@ -138,19 +130,6 @@ class VllmModel(EngineModel):
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.dec.members or self.pf)
-
-    def token_times(self, req_id: str) -> np.ndarray:
-        return self.dec.token_times(self.reqs[req_id])
-
-    def output_tokens(self, req_id: str) -> int:
-        r = self.reqs[req_id]
-        return self.dec.outputs(r) if r.state == DECODING else r.out
-
-    def forget(self, req_id: str) -> None:
-        r = self.reqs.pop(req_id, None)
-        if r is not None and r.state not in (FINISHED, ABORTED):
-            self.reqs[req_id] = r
-            raise ValueError(f"request {req_id}: still in the engine")
 
     # ------------------------------------------------------------------ block pool
 

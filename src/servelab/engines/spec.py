@@ -1,0 +1,111 @@
+"""What the registry knows of one engine: `EngineSpec`, the facts of one release family.
+
+An engine's module (`servelab.engines.vllm`, `servelab.engines.sglang`) builds one `EngineSpec`
+from its own flag table, resolution rules, start-up-log format and /metrics names; the registry
+(`servelab.engines.registry`) lists them. Everything engine-specific outside the engine's module
+is looked up here, so adding an engine is its module plus one registry entry
+(docs/architecture.md, "Engine registry").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from servelab.engines.base import EngineFlags, ResolvedConfig, RuntimeLimits
+from servelab.engines.logtext import LogLine, Reader
+
+__all__ = ["EngineSpec", "LogFormat", "Resolver", "StartupLogRenderer"]
+
+
+class Resolver(Protocol):
+    """An engine's resolution rules: the configuration it resolves from its parsed flags."""
+
+    def __call__(
+        self, flags: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str
+    ) -> ResolvedConfig: ...
+
+
+class StartupLogRenderer(Protocol):
+    """The engine's start-up log lines for a resolved configuration (the simulators print them)."""
+
+    def __call__(
+        self,
+        resolved: ResolvedConfig,
+        kv_tokens: int,
+        weights_gib: float,
+        t0: datetime,
+        kv_bytes: int,
+    ) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """How an engine's start-up log looks and is read.
+
+    `record` matches one logger record, with a `msg` group (and a `level` group where records carry
+    one). `markers` match messages only this engine's start-up prints (detection counts the distinct
+    ones found); every marker message contains a match of `marker_words` (a cheap first test).
+    `marker_hint` names a few markers for error messages. `ready` matches a line that shows the
+    server ready. `read` collects the values the log shows; `facts` names the values beyond
+    CONFIG_FIELDS that the parser reports, in order.
+    """
+
+    record: re.Pattern[str]
+    markers: tuple[re.Pattern[str], ...]
+    marker_words: re.Pattern[str]
+    marker_hint: str
+    ready: re.Pattern[str]
+    read: Callable[[list[LogLine]], Reader]
+    facts: tuple[str, ...] = ()
+
+
+def _unchanged(tokens: Sequence[str]) -> list[str]:
+    return list(tokens)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine (one release family): every fact servelab relies on, with no backend in it.
+
+    `version` is the release whose rules are implemented, `printed_version` what that release
+    prints as its version in the start-up log (None: it prints none). `flag_table` is the engine's
+    argument definitions (see `flags.build_parser`); `normalise_flags` rewrites tokens as the
+    engine's parser does before parsing; `required_flags` are (dest, option) pairs the engine
+    refuses to start without. `metric_map` maps canonical telemetry names to the engine's /metrics
+    sample names (a canonical metric the engine does not export is absent, never a stand-in);
+    `metric_series` lists every family the engine exports with its type. `entrypoint` is the
+    server's command in the engine's image. `stream_interval` is the tokens per streamed chunk when
+    the engine fixes it (vLLM 0.6.3 sends one chunk per token), None when the engine's own
+    `--stream-interval` sets it. `render_startup_log` prints the start-up log for a resolved
+    configuration (needed only by engines the simulator imitates).
+    """
+
+    name: str
+    title: str
+    version: str
+    printed_version: str | None
+    flag_table: tuple[tuple[Any, ...], ...]
+    resolve: Resolver
+    runtime_limits: Callable[[ResolvedConfig, int], RuntimeLimits]
+    log: LogFormat
+    metric_map: Mapping[str, str]
+    metric_series: Mapping[str, str]
+    entrypoint: tuple[str, ...]
+    normalise_flags: Callable[[Sequence[str]], list[str]] = _unchanged
+    required_flags: tuple[tuple[str, str], ...] = ()
+    stream_interval: int | None = None
+    render_startup_log: StartupLogRenderer | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
+            raise ValueError(f"engine name {self.name!r}: lower-case letters, digits and _ only")
+        unknown = set(self.metric_map.values()) - set(self.metric_series)
+        if unknown:
+            raise ValueError(
+                f"engine {self.name}: metric_map names series it does not export: "
+                f"{', '.join(sorted(unknown))}"
+            )
