@@ -22,8 +22,8 @@ import time
 
 import h11
 
-from servelab.dispatch.client import ChunkRecorder, RequestRecord
 from servelab.dispatch.pacer import PacerProcess
+from servelab.dispatch.records import ChunkRecorder, RequestRecord
 
 EVENT = (
     b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":'

@@ -14,9 +14,9 @@ COMMANDS = {
     "trace": "servelab.workload.cli",
     "resolve-config": "servelab.engines.cli",
     "sim": "servelab.sim.cli",
-    "serve-sim": "servelab.dispatch.cli",
+    "serve-sim": "servelab.sim.cli",
     "dispatch": "servelab.dispatch.cli",
-    "local": "servelab.dispatch.cli",
+    "local": "servelab.deploy.cli",
     "analyze": "servelab.analysis.cli",
 }
 

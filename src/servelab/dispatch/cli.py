@@ -1,4 +1,8 @@
-"""Command line of the live path: `servelab serve-sim`, `servelab dispatch`, `servelab local stop`."""
+"""Command line of the live dispatcher: `servelab dispatch`.
+
+The live simulated engine's `servelab serve-sim` is registered by servelab.sim.cli, the local
+backend's `servelab local stop` by servelab.deploy.cli: the client knows neither.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from servelab.dispatch.client import CLIENTS
+from servelab.dispatch.run import dispatch_run_files
+from servelab.engines.registry import engine_names
+from servelab.settings import DispatchSettings
+
 __all__ = ["register"]
-
-
-def _serve_sim(args: argparse.Namespace) -> int:
-    from servelab.sim.server_cli import serve_main
-
-    return serve_main(args)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -22,8 +25,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from servelab.dispatch.run import dispatch_run_files
-
     trace_dir = Path(args.trace)
     out = Path(args.out)
     resolved: dict[str, Any] = (
@@ -70,26 +71,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0 if record["status"] == "ok" else 1
 
 
-def _local_stop(args: argparse.Namespace) -> int:
-    from servelab.deploy.local import stop_all
-
-    stopped = stop_all(args.results)
-    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
-    return 0
-
-
 def register(subparsers: Any) -> None:
-    from servelab.sim.server_cli import add_arguments
-
-    serve = subparsers.add_parser(
-        "serve-sim",
-        help="serve a simulated engine over an OpenAI-compatible HTTP API, in real time",
-        description="Serve the simulator's vLLM-0.6.3-like or SGLang-0.4.1-like engine live: "
-        "/v1/completions (streaming), /health, /v1/models, /metrics.",
-    )
-    add_arguments(serve)
-    serve.set_defaults(func=_serve_sim)
-
+    """Add `servelab dispatch`."""
     dispatch = subparsers.add_parser(
         "dispatch",
         help="replay a compiled trace against an OpenAI-compatible server",
@@ -104,7 +87,7 @@ def register(subparsers: Any) -> None:
     )
     dispatch.add_argument("--out", required=True, help="folder for requests.parquet and run.json")
     dispatch.add_argument("--arm", default="defaults")
-    dispatch.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
+    dispatch.add_argument("--engine", default="vllm", choices=engine_names())
     dispatch.add_argument("--condition", required=True)
     dispatch.add_argument("--rep", default="rep1")
     dispatch.add_argument("--backend", default="local")
@@ -112,7 +95,7 @@ def register(subparsers: Any) -> None:
     dispatch.add_argument("--resolved", help="resolved configuration as JSON (for run.json)")
     dispatch.add_argument("--warmup-requests", type=int, default=20)
     dispatch.add_argument("--request-timeout", type=float, default=300.0)
-    dispatch.add_argument("--health-timeout", type=float, default=900.0)
+    dispatch.add_argument("--health-timeout", type=float, default=DispatchSettings.health_timeout_s)
     dispatch.add_argument("--success-threshold", type=float, default=0.95)
     dispatch.add_argument(
         "--offered-load",
@@ -127,16 +110,8 @@ def register(subparsers: Any) -> None:
     )
     dispatch.add_argument(
         "--client",
-        choices=("paced", "httpx"),
-        default="paced",
+        choices=CLIENTS,
+        default=DispatchSettings.client,
         help="paced: a pacer process sends, the event loop reads (default); httpx: one loop does both",
     )
     dispatch.set_defaults(func=_dispatch)
-
-    local = subparsers.add_parser("local", help="the local backend's processes")
-    local_sub = local.add_subparsers(dest="local_command", required=True)
-    stop = local_sub.add_parser(
-        "stop", help="stop every sim server and Prometheus of a results folder"
-    )
-    stop.add_argument("--results", default="results", help="results folder (default: results)")
-    stop.set_defaults(func=_local_stop)

@@ -1,6 +1,6 @@
 """The streaming dispatcher: replays a trace against an OpenAI-compatible server in real time.
 
-Run protocol (the same as the simulator's, DESIGN.md "Workload"):
+Run protocol (the same as the simulator's; docs/live.md, "The dispatcher"):
 
 1. Poll `GET /health` until it answers 200 (bounded by `health_timeout_s`).
 2. t = 0 (the run's start): send every warm-up request at once (role `warmup`, graph_id -1,
@@ -24,7 +24,8 @@ trace event) is summarised separately in the result (`send_overhead_s`); it is p
 Two clients (`client=`, the config's `dispatch.client`): "paced" (servelab.dispatch.paced, the
 default) sends from a pacer process of its own and reads on the event loop through h11, so a burst
 of chunks never delays a send; "httpx" does both on one event loop through httpx. Both share
-everything else here: the schedule's logic, the records, `ChunkRecorder`, the book-keeping.
+everything else here (the schedule's logic, the book-keeping) and the request records and
+`ChunkRecorder` of servelab.dispatch.records.
 
 Timing precision (httpx client): the scheduler sleeps until `SPIN_S` before a request is due, then
 yields to the event loop (asyncio.sleep(0)) until the due time, so other streams are served
@@ -46,27 +47,37 @@ import json
 import logging
 import math
 import resource
+import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import numpy as np
 
-from servelab.dispatch.sse import SSEDecoder
+from servelab.dispatch.actions import TimedAction, run_timed_action
+from servelab.dispatch.paced import PacedClient, request_events
+from servelab.dispatch.records import (
+    ERROR_TEXT_MAX,
+    ChunkRecorder,
+    RequestRecord,
+    RequestSpec,
+    describe_error,
+)
+from servelab.settings import DispatchSettings
 from servelab.workload.release import ReleaseTracker, TraceRequest
 
 __all__ = [
     "CLIENTS",
     "SPIN_S",
+    "WARMUP_MAX_TOKENS",
     "DispatchError",
     "DispatchResult",
     "Dispatcher",
-    "RequestRecord",
-    "RequestSpec",
-    "TimedAction",
+    "fill_token_counts",
+    "overhead_summary",
     "pool_size",
-    "run_timed_action",
     "wait_healthy",
 ]
 
@@ -77,113 +88,10 @@ SPIN_S = 0.002
 # "httpx": one event loop does both through httpx (the client the sends used to go through).
 CLIENTS = ("paced", "httpx")
 WARMUP_MAX_TOKENS = 16
-_ERROR_TEXT_MAX = 300
 
 
 class DispatchError(RuntimeError):
     """The run could not be dispatched at all (e.g. the server never became healthy)."""
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """One request to send: identity, prompt (text or token ids) and its output cap."""
-
-    request_id: str
-    graph_id: int
-    role: str
-    warmup: bool
-    max_tokens: int
-    prompt: str | Sequence[int]
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request (a row of requests.parquet, plus working state)."""
-
-    request_id: str
-    graph_id: int
-    role: str
-    warmup: bool
-    max_tokens: int
-    scheduled_s: float | None = None
-    sent_s: float | None = None
-    chunk_times_s: list[float] = field(default_factory=list)
-    chunk_tokens: list[int | None] = field(default_factory=list)
-    chunk_texts: list[str] | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    status: str = "error"
-    error: str | None = None
-    finished_s: float | None = None
-
-    def row(self, run_id: str) -> dict[str, Any]:
-        return {
-            "run_id": run_id,
-            "request_id": self.request_id,
-            "graph_id": self.graph_id,
-            "role": self.role,
-            "warmup": self.warmup,
-            "scheduled_s": self.scheduled_s,
-            "sent_s": self.sent_s,
-            "chunk_times_s": self.chunk_times_s,
-            "chunk_tokens": self.chunk_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "max_tokens": self.max_tokens,
-            "status": self.status,
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class TimedAction:
-    """Something to do at `at_s` seconds from the run start (run in a worker thread).
-
-    With `stop_run`, the dispatch stops once the action has run: in-flight requests are recorded as
-    errors and requests not yet sent as errors with no `sent_s` (a reclaimed node, for instance).
-
-    With `every_s`, a watch: `action` runs at `at_s` and every `every_s` after until the run ends,
-    and returns why the run must stop (a non-empty string) or None; when it gives a reason the
-    dispatch stops as with `stop_run`. A watch that raises is logged and tried again next time.
-    """
-
-    at_s: float
-    action: Callable[[], Any]
-    reason: str
-    stop_run: bool = False
-    every_s: float | None = None
-
-
-async def run_timed_action(
-    action: TimedAction,
-    *,
-    clock: Callable[[], float],
-    stop: Callable[[str], None],
-    started: set[TimedAction],
-) -> None:
-    """Run `action` on the run's `clock`; `stop(reason)` stops the run. A one-off action joins
-    `started` when it starts (it then completes before the run ends); a watch never does (it is
-    cancelled when the run ends)."""
-    at = action.at_s
-    while True:
-        await asyncio.sleep(max(0.0, at - clock()))
-        if action.every_s is None:
-            started.add(action)
-            log.warning("at %.3f s: %s", clock(), action.reason)
-            if action.stop_run:  # stop sending at once; the action (a restart) may take a while
-                stop(f"{action.reason} at {action.at_s:g} s")
-            await asyncio.to_thread(action.action)
-            return
-        try:
-            reason = await asyncio.to_thread(action.action)
-        except Exception as exc:  # e.g. the API server did not answer: look again next time
-            log.warning("%s at %.1f s failed: %s", action.reason, clock(), describe_error(exc))
-            reason = None
-        if reason:
-            log.warning("at %.3f s: %s: %s", clock(), action.reason, reason)
-            stop(f"{reason} (seen by the {action.reason} at {clock():.1f} s)")
-            return
-        at += max(action.every_s, 0.01)
 
 
 @dataclass
@@ -204,30 +112,16 @@ class DispatchResult:
     connections_opened: int | None = None  # the paced client counts them; httpx does not say
 
 
-def _summary(values: Sequence[float]) -> dict[str, float | None]:
+def overhead_summary(values: Sequence[float]) -> dict[str, float | None]:
+    """Median, p99 and max of the send overheads (None each when there are none)."""
     if not values:
         return {"median": None, "p99": None, "max": None}
-    import numpy as np
-
     arr = np.asarray(values, dtype=float)
     return {
         "median": float(np.median(arr)),
         "p99": float(np.percentile(arr, 99)),
         "max": float(arr.max()),
     }
-
-
-def describe_error(exc: BaseException) -> str:
-    """`Type: message`, taking the message from the exception's causes when it has none itself
-    (httpx.ReadError after a reset says nothing; its cause says "Connection reset by peer")."""
-    message = str(exc)
-    cause = exc.__cause__ or exc.__context__
-    for _ in range(5):  # bounded walk down the cause chain
-        if message or cause is None:
-            break
-        message = str(cause) or (type(cause).__name__ if not isinstance(cause, Exception) else "")
-        cause = cause.__cause__ or cause.__context__
-    return f"{type(exc).__name__}: {message or 'connection closed'}"[:_ERROR_TEXT_MAX]
 
 
 def pool_size(
@@ -282,8 +176,6 @@ class ClientPool:
     SHARD_SIZE = 8
 
     def __init__(self, base_url: str, size: int, timeout: httpx.Timeout) -> None:
-        import ssl
-
         shards = max(1, math.ceil(size / self.SHARD_SIZE))
         limits = httpx.Limits(
             max_connections=self.SHARD_SIZE, max_keepalive_connections=self.SHARD_SIZE
@@ -309,77 +201,6 @@ class ClientPool:
             await client.aclose()
 
 
-class ChunkRecorder:
-    """Reads one completion stream's bytes into its record: chunk times, tokens per chunk, usage.
-
-    `feed(raw, now)` takes the bytes as they arrive (any split) and the arrival time; it returns
-    False when the stream is unusable (the record's error says why). `end()` when the response
-    ended: the request is ok only if the stream ended with `data: [DONE]`. Used by both clients.
-    """
-
-    __slots__ = ("_decoder", "_done", "_last_completion", "rec")
-
-    def __init__(self, rec: RequestRecord) -> None:
-        self.rec = rec
-        self._decoder = SSEDecoder()
-        self._last_completion = 0
-        self._done = False
-
-    def feed(self, raw: bytes, now: float) -> bool:
-        rec = self.rec
-        for data in self._decoder.feed(raw):
-            if data == b"[DONE]":
-                self._done = True
-                continue
-            if self._done:
-                rec.error = "data after [DONE]"
-                return False
-            try:
-                event = json.loads(data.decode("utf-8"))
-                choices = event.get("choices") or []
-                usage = event.get("usage")
-                text = (choices[0].get("text") or "") if choices else ""
-                if not isinstance(text, str):
-                    raise ValueError("choices[0].text is not a string")
-            except (ValueError, AttributeError, TypeError) as exc:
-                rec.error = f"malformed SSE event ({exc}): {data[:120]!r}"
-                return False
-            tokens: int | None = None
-            if usage:
-                completion = usage.get("completion_tokens")
-                if isinstance(completion, int):
-                    tokens = completion - self._last_completion
-                    self._last_completion = completion
-                    rec.output_tokens = completion
-                if isinstance(usage.get("prompt_tokens"), int):
-                    rec.prompt_tokens = usage["prompt_tokens"]
-            if not choices:
-                continue  # a usage-only chunk carries no output
-            if tokens is None:
-                if not text:
-                    continue
-                if rec.chunk_texts is None:
-                    rec.chunk_texts = [""] * len(rec.chunk_tokens)
-                rec.chunk_texts.append(text)
-            elif tokens <= 0 and not text:
-                continue
-            elif rec.chunk_texts is not None:
-                rec.chunk_texts.append(text)
-            rec.chunk_times_s.append(now)
-            rec.chunk_tokens.append(tokens)
-        return True
-
-    def end(self) -> None:
-        rec = self.rec
-        if not self._done:
-            rec.error = "stream ended before data: [DONE]" + (
-                " (cut mid-event)" if self._decoder.pending else ""
-            )
-            return
-        rec.status = "ok"
-        rec.error = None
-
-
 class Dispatcher:
     """Sends warm-up and trace requests on the real clock and records every chunk.
 
@@ -397,7 +218,7 @@ class Dispatcher:
         prompts: dict[str, str | Sequence[int]],
         warmup: Sequence[RequestSpec] = (),
         request_timeout_s: float = 300.0,
-        health_timeout_s: float = 900.0,
+        health_timeout_s: float = DispatchSettings.health_timeout_s,
         ignore_eos: bool = True,
         pool: int = 64,
         progress_interval_s: float = 10.0,
@@ -407,7 +228,7 @@ class Dispatcher:
         trace_start_s: float | None = None,
         control: Any = None,
         defer_token_counts: bool = False,
-        client: str = "paced",
+        client: str = DispatchSettings.client,
     ) -> None:
         if client not in CLIENTS:
             raise ValueError(f"dispatch.client must be one of {', '.join(CLIENTS)}, not {client!r}")
@@ -447,7 +268,7 @@ class Dispatcher:
         self._actions_started: set[TimedAction] = set()
         self._send_overheads: list[float] = []
         self._clients: ClientPool  # httpx client: set when the run starts (arun)
-        self._paced: Any = None  # the paced client's PacedClient, set by arun
+        self._paced: PacedClient | None = None  # the paced client, set by arun
         self._events: dict[str, tuple[Any, Any]] = {}
         self._warm_done = 0
         self._trace_done = 0
@@ -474,8 +295,6 @@ class Dispatcher:
             self._prepare()
         loop = asyncio.get_running_loop()
         if self.client == "paced":
-            from servelab.dispatch.paced import PacedClient
-
             self._paced = PacedClient(
                 loop=loop,
                 base_url=self.base_url,
@@ -565,7 +384,7 @@ class Dispatcher:
             client_cpu_s=cpu,
             chunk_token_sources=sources,
             chunk_token_mismatches=mismatches,
-            send_overhead_s=_summary(overheads),
+            send_overhead_s=overhead_summary(overheads),
             send_overhead_samples=overheads,
             connections_opened=(
                 self._paced.connections_opened if self._paced is not None else None
@@ -615,8 +434,6 @@ class Dispatcher:
 
     def _build_events(self, rid: str) -> None:
         if self.client == "paced":
-            from servelab.dispatch.paced import request_events
-
             self._events[rid] = request_events(self.base_url, self._bodies[rid])
 
     # ----------------------------------------------------------------- phases
@@ -800,7 +617,7 @@ class Dispatcher:
                 try:
                     if response.status_code != 200:
                         body = (await response.aread()).decode("utf-8", "replace")
-                        rec.error = f"HTTP {response.status_code}: {body[:_ERROR_TEXT_MAX]}"
+                        rec.error = f"HTTP {response.status_code}: {body[:ERROR_TEXT_MAX]}"
                         return
                     await self._read_events(response, rec)
                 finally:

@@ -35,8 +35,8 @@ from urllib.parse import urlsplit
 
 import h11
 
-from servelab.dispatch.client import ChunkRecorder, RequestRecord
 from servelab.dispatch.pacer import PacerProcess, os_error
+from servelab.dispatch.records import ChunkRecorder, RequestRecord
 
 __all__ = [
     "KEEPALIVE_IDLE_S",

@@ -24,16 +24,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from servelab.dispatch.actions import TimedAction, run_timed_action
 from servelab.dispatch.client import (
     Dispatcher,
     DispatchError,
     DispatchResult,
-    RequestSpec,
-    TimedAction,
-    _summary,
     fill_token_counts,
-    run_timed_action,
+    overhead_summary,
 )
+from servelab.dispatch.records import RequestSpec
+from servelab.settings import DispatchSettings
 from servelab.workload.release import TraceRequest
 
 __all__ = ["run_parallel"]
@@ -84,13 +84,13 @@ def run_parallel(
     warmup: Sequence[RequestSpec],
     workers: int,
     request_timeout_s: float = 300.0,
-    health_timeout_s: float = 900.0,
+    health_timeout_s: float = DispatchSettings.health_timeout_s,
     ignore_eos: bool = True,
     pool: int = 64,
     progress_interval_s: float = 10.0,
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     actions: Sequence[TimedAction] = (),
-    client: str = "paced",
+    client: str = DispatchSettings.client,
 ) -> DispatchResult:
     """Dispatch `trace` with `workers` processes; the same result as `Dispatcher.run()`."""
     if workers < 1:
@@ -181,7 +181,7 @@ def run_parallel(
         client_cpu_s=cpu + sum(r.client_cpu_s for r in results),
         chunk_token_sources=sources,
         chunk_token_mismatches=mismatches,
-        send_overhead_s=_summary(samples),
+        send_overhead_s=overhead_summary(samples),
         send_overhead_samples=samples,
         connections_opened=(
             None

@@ -17,16 +17,14 @@ import httpx
 import pyarrow as pa
 
 from servelab.artifacts import REQUESTS_SCHEMA, conform, write_json, write_parquet
-from servelab.dispatch.client import (
-    WARMUP_MAX_TOKENS,
-    Dispatcher,
-    DispatchResult,
-    RequestRecord,
-    RequestSpec,
-    TimedAction,
-    pool_size,
-)
+from servelab.dispatch.actions import TimedAction
+from servelab.dispatch.client import WARMUP_MAX_TOKENS, Dispatcher, DispatchResult, pool_size
+from servelab.dispatch.parallel import run_parallel
+from servelab.dispatch.records import RequestRecord, RequestSpec
 from servelab.runrecord import build_run_record
+from servelab.settings import DispatchSettings
+from servelab.workload import load_trace, warmup_prompts
+from servelab.workload.tokenizer import encode_batch, load_tokenizer
 
 # Warm-up prompt length: the simulator's (servelab.sim.run.WARMUP_PROMPT_TOKENS), same protocol.
 WARMUP_PROMPT_TOKENS = 128
@@ -62,8 +60,6 @@ def warmup_specs(
     16 output tokens each."""
     if n <= 0:
         return []
-    from servelab.workload import warmup_prompts
-
     prompts = warmup_prompts(seed, n, prompt_tokens, tokenizer)
     width = max(2, len(str(n - 1)))
     return [
@@ -83,8 +79,6 @@ def tokenizer_counter(name: str) -> Callable[[list[str]], list[int]]:
     """Token counts of chunk texts with the workload tokenizer `name` (loaded on first use)."""
 
     def count(texts: list[str]) -> list[int]:
-        from servelab.workload.tokenizer import encode_batch, load_tokenizer
-
         if not texts:
             return []
         return [len(ids) for ids in encode_batch(load_tokenizer(name), list(texts))]
@@ -120,7 +114,7 @@ def dispatch_run(
     offered_load_rps: float,
     attempt: int,
     node_identity_fn: Callable[[], Mapping[str, Any]],
-    health_timeout_s: float = 900.0,
+    health_timeout_s: float = DispatchSettings.health_timeout_s,
     model_name: str | None = None,
     ignore_eos: bool = True,
     progress_interval_s: float = 10.0,
@@ -128,7 +122,7 @@ def dispatch_run(
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     extra: Mapping[str, Any] | None = None,
     workers: int = 1,
-    client: str = "paced",
+    client: str = DispatchSettings.client,
     node_watch_s: float = 0.0,
     node_change: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None,
 ) -> tuple[pa.Table, dict[str, Any], DispatchResult]:
@@ -143,8 +137,6 @@ def dispatch_run(
     the run stops (status interrupted) as soon as `node_change(start, now)` gives a reason: a
     reclaimed node does not keep a run going to its end.
     """
-    from servelab.workload import load_trace
-
     loaded = load_trace(trace_path, manifest_path)
     manifest = loaded.manifest
     run_id = f"{arm}/{engine}/{condition}/{rep}"
@@ -188,8 +180,6 @@ def dispatch_run(
         pool,
     )
     if workers > 1:
-        from servelab.dispatch.parallel import run_parallel
-
         result = run_parallel(**options, workers=workers)
     else:
         result = Dispatcher(**options).run()
