@@ -1,4 +1,4 @@
-"""Artifact schemas, atomic writers and validating readers (DESIGN.md "Artifacts and schemas").
+"""Artifact schemas, atomic writers and validating readers (docs/architecture.md, "Artifacts").
 
 Everything that writes or reads a run goes through this module, so the schemas live in one place.
 Every writer puts its bytes under a temporary name in the destination folder and renames it into
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import tempfile
@@ -23,6 +24,7 @@ __all__ = [
     "REQUESTS_SCHEMA",
     "REQUEST_STATUSES",
     "RESTART_EVENTS",
+    "RESTART_PHASES",
     "RUN_JSON_REQUIRED",
     "RUN_STATUSES",
     "SCRAPE_SCHEMA",
@@ -37,6 +39,8 @@ __all__ = [
     "read_parquet",
     "read_run_json",
     "read_trace_manifest",
+    "restart_events_out_of_order",
+    "restart_phases",
     "write_json",
     "write_parquet",
     "write_text",
@@ -125,6 +129,30 @@ RESTART_EVENTS = (
     "container_started",
     "ready",
 )
+# Figure 14's phases of a restart, each the time between two events (`unmeasured` is what the
+# four measured phases leave of the total, ready - deleted).
+RESTART_PHASES = ("terminate", "schedule", "image_pull", "unmeasured", "initialise")
+
+
+def restart_phases(events: Mapping[str, float]) -> dict[str, float]:
+    """The RESTART_PHASES and `total` (seconds) from the RESTART_EVENTS times (unix seconds)."""
+    measured = {
+        "terminate": events["terminated"] - events["deleted"],
+        "schedule": events["scheduled"] - events["terminated"],
+        "image_pull": events["pulled"] - events["pull_started"],
+        "initialise": events["ready"] - events["container_started"],
+    }
+    total = events["ready"] - events["deleted"]
+    return {**measured, "unmeasured": total - sum(measured.values()), "total": total}
+
+
+def restart_events_out_of_order(events: Mapping[str, float]) -> tuple[str, str] | None:
+    """The first pair of consecutive RESTART_EVENTS (earlier, later) whose times are reversed."""
+    for earlier, later in itertools.pairwise(RESTART_EVENTS):
+        if events[later] < events[earlier]:
+            return earlier, later
+    return None
+
 
 ROLES = ("planner", "worker", "aggregator")
 

@@ -1,4 +1,4 @@
-"""Campaign semantics (DESIGN.md §5.4): deploy and gate, run with retries, discard on reclamation.
+"""Campaign semantics (study §5.4): deploy and gate, run with retries, discard on reclamation.
 
 The Snakemake rules call these functions once per deployment and once per run. What differs
 between backends is behind `servelab.deploy.Backend`; everything here is shared.
@@ -35,8 +35,11 @@ from servelab.artifacts import (
     write_text,
 )
 from servelab.deploy import Backend, RunRequest, get_backend
+from servelab.deploy.kubernetes import KubernetesBackend
+from servelab.deploy.manifests import render_deployment
 from servelab.engines import check_resolved, parse_startup_log
 from servelab.runrecord import build_run_record
+from servelab.settings import Settings
 from servelab.telemetry import canonicalize_files
 
 __all__ = ["deploy", "execute_run", "render_manifests"]
@@ -57,8 +60,6 @@ def render_manifests(
     manifest_path: str,
 ) -> None:
     """Render the deployment's Kubernetes objects (for every backend: shows what would be deployed)."""
-    from servelab.deploy.manifests import render_deployment
-
     rendered = render_deployment(
         deployment_id=deployment["deployment_id"],
         engine=deployment["engine"],
@@ -168,7 +169,7 @@ def execute_run(
         settings["backend"],
         gpu=settings["gpu"],
         model=settings["model"],
-        kubernetes=settings.get("kubernetes", {}),
+        kubernetes=settings.get("kubernetes"),
     )
     key = _measurement_key(settings, deployment, trace_path)
     record = _completed_measurement(paths, key)
@@ -179,12 +180,13 @@ def execute_run(
         )
         _publish(paths)
         return record
-    pause = float(settings["campaign"]["pause_between_runs_s"])
+    typed = Settings.from_config(settings)
+    pause = typed.campaign.pause_between_runs_s
     if pause > 0:
         log.info("pausing %.0f s between runs", pause)
         time.sleep(pause)
 
-    campaign = _Campaign(impl, settings, deployment, resolved)
+    campaign = _Campaign(impl, settings, typed, deployment, resolved)
     record = campaign.run_with_retries(paths, trace_path, manifest_path)
     if record.get("reclaimed"):
         raise RuntimeError(
@@ -248,17 +250,22 @@ def _publish(paths: RunPaths) -> None:
 
 @dataclass(frozen=True)
 class _Campaign:
-    """What every attempt of every run of one job shares: the backend, settings and deployment."""
+    """What every attempt of every run of one job shares: the backend, settings and deployment.
+
+    `settings` is the run's settings as the workflow passes them (they key the sealed
+    measurement); `typed` holds their sections as servelab.settings reads them.
+    """
 
     impl: Backend
     settings: Mapping[str, Any]
+    typed: Settings
     deployment: Mapping[str, Any]
     resolved: Mapping[str, Any]
 
     def run_with_retries(
         self, paths: RunPaths, trace_path: str, manifest_path: str
     ) -> dict[str, Any]:
-        retries = int(self.settings["campaign"]["retries"])
+        retries = self.typed.campaign.retries
         reclamations = 0
         attempt = _previous_attempts(paths) + 1
         last_attempt = max(1 + retries, attempt)
@@ -296,7 +303,7 @@ class _Campaign:
         faults: list[dict[str, Any]],
     ) -> dict[str, Any]:
         out = paths.measured_dir
-        settings, resolved = self.settings, self.resolved
+        resolved = self.resolved
         request = RunRequest(
             arm=paths.arm,
             engine=paths.engine,
@@ -310,10 +317,10 @@ class _Campaign:
             },
             trace_path=trace_path,
             manifest_path=manifest_path,
-            offered_load_rps=float(settings["offered_load_rps"]),
-            dispatch=dict(settings["dispatch"]),
-            telemetry=dict(settings["telemetry"]),
-            success_threshold=float(settings["campaign"]["success_threshold"]),
+            offered_load_rps=float(self.settings["offered_load_rps"]),
+            dispatch=self.typed.dispatch,
+            telemetry=self.typed.telemetry,
+            success_threshold=self.typed.campaign.success_threshold,
             attempt=attempt,
             faults=faults,
             requests_path=str(out / "requests.parquet"),
@@ -366,7 +373,7 @@ class _Campaign:
         _seal(sibling, _measurement_key(campaign.settings, self.deployment, sibling_trace))
         canonicalize_files(
             engine=sibling.engine,
-            step_s=float(self.settings["telemetry"]["step_s"]),
+            step_s=self.typed.telemetry.step_s,
             scrape_path=str(sibling.run_dir / "scrape.parquet"),
             run_json_path=str(sibling.run_dir / "run.json"),
             telemetry_path=str(sibling.run_dir / "telemetry.parquet"),
@@ -482,7 +489,5 @@ def restart_experiment(
             f"the restart experiment restarts real pods: backend {backend!r} has none "
             "(run it with --config backend=kubernetes)"
         )
-    from servelab.deploy.kubernetes import KubernetesBackend
-
-    impl = KubernetesBackend.from_settings(dict(kubernetes))
+    impl = KubernetesBackend.from_settings(kubernetes)
     return impl.restart_timeline(deployment["deployment_id"], manifest_path, record_path, rep=rep)

@@ -7,7 +7,6 @@ started here is stopped by the module fixture, which then checks none is left.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from servelab.artifacts import read_parquet, read_run_json
 from servelab.deploy import RunRequest
 from servelab.deploy.local import LocalBackend, _alive, _read_state, prometheus_binary, stop_all
 from servelab.engines.metrics import canonical_metrics
+from servelab.settings import DispatchSettings, TelemetrySettings
 from servelab.telemetry import canonicalize_files
 from servelab.workload import compile_trace_files
 
@@ -216,8 +216,8 @@ def run_request(root: Path, study: dict, engine: str, rep: str, faults: list[dic
         trace_path=str(traces / "trace.parquet"),
         manifest_path=str(traces / "manifest.json"),
         offered_load_rps=3.0,
-        dispatch=copy.deepcopy(study["dispatch"]),
-        telemetry=study["telemetry"],
+        dispatch=DispatchSettings.from_section(study["dispatch"]),
+        telemetry=TelemetrySettings.from_section(study["telemetry"]),
         success_threshold=0.95,
         attempt=1,
         requests_path=str(run_dir / "requests.parquet"),

@@ -318,11 +318,11 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
     confirmed, node identity is read at start and end, a change marks the run interrupted."""
     import pyarrow as pa
 
-    import servelab.dispatch.run as dispatch_mod
-    import servelab.telemetry.prometheus as prom_mod
+    import servelab.deploy.measure as measure_mod
     from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, write_parquet
     from servelab.deploy import RunRequest
     from servelab.runrecord import build_run_record
+    from servelab.settings import DispatchSettings, TelemetrySettings
 
     spec = _spec(study, "defaults", "vllm", "rate-0.12")  # run() renders it itself
     cluster = _cluster()
@@ -361,8 +361,9 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         seen["pull"] = kw
         write_parquet(kw["scrape_path"], pa.Table.from_pylist([], SCRAPE_SCHEMA), SCRAPE_SCHEMA)
 
-    monkeypatch.setattr(dispatch_mod, "dispatch_run", fake_dispatch)
-    monkeypatch.setattr(prom_mod, "pull_scrape_files", fake_pull)
+    # the live measurement step calls them (servelab.deploy.measure): replace them there
+    monkeypatch.setattr(measure_mod, "dispatch_run", fake_dispatch)
+    monkeypatch.setattr(measure_mod, "pull_scrape_files", fake_pull)
     run_dir = tmp_path / "results/runs/defaults/vllm/rate-0.12/rep1"
     request = RunRequest(
         arm="defaults",
@@ -374,8 +375,8 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         trace_path="t",
         manifest_path="m",
         offered_load_rps=0.72,
-        dispatch=study["dispatch"],
-        telemetry=study["telemetry"],
+        dispatch=DispatchSettings.from_section(study["dispatch"]),
+        telemetry=TelemetrySettings.from_section(study["telemetry"]),
         success_threshold=0.95,
         attempt=1,
         requests_path=str(run_dir / "requests.parquet"),

@@ -10,6 +10,7 @@ import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
 from servelab.analysis.restarts import read_restart_record
+from servelab.artifacts import ArtifactError, restart_events_out_of_order
 from servelab.config import deployment_for
 from servelab.deploy.kubernetes import KubernetesBackendError, redact
 from servelab.deploy.manifests import render_for, write_rendered
@@ -180,6 +181,18 @@ def test_event_times_follow_the_api_reference() -> None:
         "unmeasured": 1.0,
         "total": 130.0,
     }
+
+
+def test_one_order_check_serves_the_experiment_and_the_analysis(tmp_path: Path) -> None:
+    """restart.json's event order is checked by one function; the analysis names the pair."""
+    events = {name: float(10 * i) for i, name in enumerate(RESTART_EVENTS)}
+    assert restart_events_out_of_order(events) is None
+    events["pulled"] = events["pull_started"] - 1.0
+    assert restart_events_out_of_order(events) == ("pull_started", "pulled")
+    record = tmp_path / "restart.json"
+    record.write_text(json.dumps({"engine": "vllm", "rep": "rep1", "events": events}))
+    with pytest.raises(ArtifactError, match=r"event 'pulled' .* precedes 'pull_started'"):
+        read_restart_record(record)
 
 
 def test_no_secret_value_appears_in_any_output(

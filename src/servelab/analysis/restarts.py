@@ -19,15 +19,15 @@ One file per restart, conventionally `results/restarts/{engine}/{rep}/restart.js
 ```
 
 Event times are unix seconds (Kubernetes event timestamps: 1 s resolution) and must be ordered as
-listed. Any other top-level keys (`arm`, `backend`, `node`, ...) are kept but not used. Phases:
-terminate = terminated − deleted; schedule = scheduled − terminated; image pull = pulled −
-pull_started; initialise = ready − container_started (bounded by the readiness probe); unmeasured
-gaps = the rest of total = ready − deleted.
+listed. Any other top-level keys (`arm`, `backend`, `node`, ...) are kept but not used. Phases
+(servelab.artifacts.restart_phases, which the restart experiment uses too): terminate =
+terminated − deleted; schedule = scheduled − terminated; image pull = pulled − pull_started;
+initialise = ready − container_started (bounded by the readiness probe); unmeasured gaps = the
+rest of total = ready − deleted.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.artifacts import RESTART_EVENTS, ArtifactError, read_json
+from servelab.artifacts import (
+    RESTART_EVENTS,
+    RESTART_PHASES,
+    ArtifactError,
+    read_json,
+    restart_events_out_of_order,
+    restart_phases,
+)
 
 __all__ = [
     "RESTART_EVENTS",
@@ -45,8 +52,6 @@ __all__ = [
     "read_restart_record",
     "summarise_restarts",
 ]
-
-RESTART_PHASES = ("terminate", "schedule", "image_pull", "unmeasured", "initialise")
 
 
 @dataclass(frozen=True)
@@ -71,23 +76,17 @@ def read_restart_record(path: str | os.PathLike[str]) -> RestartRecord:
         t = {e: float(events[e]) for e in RESTART_EVENTS}
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"{path}: event times must be numbers ({exc})") from exc
-    for a, b in itertools.pairwise(RESTART_EVENTS):
-        if t[b] < t[a]:
-            raise ArtifactError(f"{path}: event {b!r} ({t[b]}) precedes {a!r} ({t[a]})")
-    phases = {
-        "terminate": t["terminated"] - t["deleted"],
-        "schedule": t["scheduled"] - t["terminated"],
-        "image_pull": t["pulled"] - t["pull_started"],
-        "initialise": t["ready"] - t["container_started"],
-    }
-    total = t["ready"] - t["deleted"]
-    phases["unmeasured"] = total - sum(phases.values())
+    reversed_pair = restart_events_out_of_order(t)
+    if reversed_pair is not None:
+        a, b = reversed_pair
+        raise ArtifactError(f"{path}: event {b!r} ({t[b]}) precedes {a!r} ({t[a]})")
+    phases = restart_phases(t)
     return RestartRecord(
         engine=str(obj["engine"]),
         rep=str(obj["rep"]),
         path=str(path),
         phases={p: phases[p] for p in RESTART_PHASES},
-        total_s=total,
+        total_s=phases["total"],
     )
 
 

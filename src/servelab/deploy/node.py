@@ -74,7 +74,8 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     if isinstance(obj, Mapping):
         return dict(obj)
     if hasattr(obj, "to_dict"):
-        # kubernetes client models: serialise by alias so keys match the API reference.
+        # kubernetes client models: serialise by alias so keys match the API reference (imported
+        # here: the client takes half a second to import, and only its models need it).
         from kubernetes.client import ApiClient
 
         return ApiClient().sanitize_for_serialization(obj)

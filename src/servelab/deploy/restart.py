@@ -34,24 +34,33 @@ The record (written with servelab.artifacts.write_json; read by servelab.analysi
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from servelab.artifacts import RESTART_EVENTS, write_json
+from servelab.artifacts import (
+    RESTART_EVENTS,
+    restart_events_out_of_order,
+    restart_phases,
+    write_json,
+)
+from servelab.deploy.kube_api import (
+    KubernetesBackendError,
+    api_seconds,
+    event_time,
+    pod_ready,
+)
 from servelab.deploy.manifests import load_rendered
 from servelab.deploy.node import detect_reclamation
-
-if TYPE_CHECKING:
-    from servelab.deploy.kubernetes import KubernetesBackend
+from servelab.settings import KubernetesSettings
 
 __all__ = [
     "RESTART_EVENTS",
+    "RestartBackend",
     "event_time",
     "phases",
     "restart_timeline",
@@ -61,27 +70,38 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _ts(value: Any) -> float | None:
-    from servelab.deploy.kubernetes import parse_api_time
+class RestartBackend(Protocol):
+    """What the restart experiment needs of a backend (servelab.deploy.kubernetes has it all)."""
 
-    dt = parse_api_time(value)
-    return None if dt is None else dt.timestamp()
+    name: str
+    namespace: str
+    settings: KubernetesSettings
 
+    def engine_pod(self, deployment_id: str) -> dict[str, Any] | None: ...
 
-def event_time(event: Mapping[str, Any]) -> float | None:
-    """When an event (core/v1 JSON) happened, unix seconds: `eventTime` (events.k8s.io
-    reporters such as the scheduler), else `firstTimestamp` (kubelet), else `lastTimestamp`, else
-    the event object's creation time."""
-    for value in (
-        event.get("eventTime"),
-        event.get("firstTimestamp"),
-        event.get("lastTimestamp"),
-        (event.get("metadata") or {}).get("creationTimestamp"),
-    ):
-        t = _ts(value)
-        if t is not None:
-            return t
-    return None
+    def node_identity(
+        self,
+        deployment_id: str | None = None,
+        *,
+        pod: Mapping[str, Any] | None = None,
+        container: str | None = None,
+    ) -> dict[str, Any]: ...
+
+    def delete_engine_deployment(self, deployment_id: str) -> None: ...
+
+    def delete_pod(self, name: str) -> dict[str, Any]: ...
+
+    def wait_pod_deleted(self, name: str) -> float: ...
+
+    def wait_pods_gone(self, deployment_id: str, *, timeout_s: float | None = None) -> None: ...
+
+    def apply_object(self, obj: Mapping[str, Any]) -> tuple[str, datetime | None]: ...
+
+    def wait_ready(
+        self, deployment_id: str, *, container: str | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]: ...
+
+    def pod_events(self, pod_name: str) -> list[dict[str, Any]]: ...
 
 
 def _first(events: Sequence[Mapping[str, Any]], reason: str) -> Mapping[str, Any] | None:
@@ -93,7 +113,7 @@ def _first(events: Sequence[Mapping[str, Any]], reason: str) -> Mapping[str, Any
 def _condition_time(pod: Mapping[str, Any], kind: str) -> float | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == kind and cond.get("status") == "True":
-            return _ts(cond.get("lastTransitionTime"))
+            return api_seconds(cond.get("lastTransitionTime"))
     return None
 
 
@@ -131,7 +151,7 @@ def timeline_from_events(
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             if container is None or status.get("name") == container:
                 running = (status.get("state") or {}).get("running") or {}
-                if (t := _ts(running.get("startedAt"))) is not None:
+                if (t := api_seconds(running.get("startedAt"))) is not None:
                     times["container_started"] = t
                     sources["container_started"] = "containerStatuses.state.running.startedAt"
     if (t := _condition_time(pod, "Ready")) is not None:
@@ -144,25 +164,16 @@ def timeline_from_events(
             )
     created = _first(events, "Created")
     extra = {
-        "pod_created": _ts((pod.get("metadata") or {}).get("creationTimestamp")),
+        "pod_created": api_seconds((pod.get("metadata") or {}).get("creationTimestamp")),
         "container_created": event_time(created) if created is not None else None,
     }
     return times, sources, extra, message
 
 
 def phases(events: Mapping[str, float]) -> dict[str, float]:
-    """Figure 14's phases from the seven event times (seconds); `unmeasured` is what the
-    measured phases leave of the total (the same arithmetic as servelab.analysis.restarts)."""
-    out = {
-        "terminate": events["terminated"] - events["deleted"],
-        "schedule": events["scheduled"] - events["terminated"],
-        "image_pull": events["pulled"] - events["pull_started"],
-        "initialise": events["ready"] - events["container_started"],
-    }
-    total = events["ready"] - events["deleted"]
-    out["unmeasured"] = total - sum(out.values())
-    out["total"] = total
-    return {k: round(v, 6) for k, v in out.items()}
+    """Figure 14's phases and their total from the seven event times (seconds, to the µs):
+    servelab.artifacts.restart_phases, which the analysis reads restart.json with too."""
+    return {k: round(v, 6) for k, v in restart_phases(events).items()}
 
 
 def _iso(t: float | None) -> str | None:
@@ -181,7 +192,7 @@ def _rep_from_path(out_json: Path) -> str | None:
 
 
 def restart_timeline(
-    backend: KubernetesBackend,
+    backend: RestartBackend,
     deployment_id: str,
     manifest_path: str | os.PathLike[str],
     out_json: str | os.PathLike[str],
@@ -193,10 +204,6 @@ def restart_timeline(
     `rep` defaults to what the path says (`.../rep2/restart.json`, `.../restart2/restart.json`
     or `.../2.json`).
     """
-    from kubernetes.client.exceptions import ApiException
-
-    from servelab.deploy.kubernetes import KubernetesBackendError, _header_time, parse_api_time
-
     out_path = Path(out_json)
     rep = rep or _rep_from_path(out_path)
     if rep is None:
@@ -208,59 +215,27 @@ def restart_timeline(
     labels = deployments[0]["metadata"].get("labels") or {}
     engine = labels.get("app.kubernetes.io/name")
     old = backend.engine_pod(deployment_id)
-    if old is None or not _ready(old):
+    if old is None or not pod_ready(old):
         raise KubernetesBackendError(
             f"deployment {deployment_id}: no Ready engine pod to restart (deploy it first)"
         )
     old_name = old["metadata"]["name"]
     node_before = backend.node_identity(deployment_id, pod=old, container=engine)
-    ns, kw = backend.namespace, backend._kw()
 
     # Delete the Deployment (so nothing recreates the pod), then the pod itself.
-    try:
-        backend.apps.delete_namespaced_deployment(
-            deployment_id, ns, propagation_policy="Background", **kw
-        )
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-    deleted_pod: dict[str, Any] = {}
-    try:
-        deleted_pod = backend._json(backend.core.delete_namespaced_pod(old_name, ns, **kw))
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-    meta = deleted_pod.get("metadata") or {}
-    deletion = parse_api_time(meta.get("deletionTimestamp"))
+    backend.delete_engine_deployment(deployment_id)
+    meta = backend.delete_pod(old_name).get("metadata") or {}
+    deletion = api_seconds(meta.get("deletionTimestamp"))
     if deletion is None:
         raise KubernetesBackendError(f"pod {old_name}: the API did not report its deletion time")
-    deleted = deletion.timestamp() - float(meta.get("deletionGracePeriodSeconds") or 0)
-
-    # Wait for the old pod to be gone: the first 404 carries the server's time.
-    terminated: float | None = None
-    deadline = backend._monotonic() + backend.delete_timeout_s
-    for _ in range(backend._polls(backend.delete_timeout_s)):
-        try:
-            backend.core.read_namespaced_pod(old_name, ns, **kw)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            when = _header_time(exc.headers)
-            terminated = when.timestamp() if when else datetime.now(UTC).timestamp()
-            break
-        if backend._monotonic() >= deadline:
-            break
-        backend._sleep(backend.poll_s)
-    if terminated is None:
-        raise KubernetesBackendError(
-            f"pod {old_name}: still terminating after {backend.delete_timeout_s:.0f} s"
-        )
+    deleted = deletion - float(meta.get("deletionGracePeriodSeconds") or 0)
+    terminated = backend.wait_pod_deleted(old_name)
     backend.wait_pods_gone(deployment_id)
 
     # Apply again and wait for the replacement to become Ready.
     reapplied: float | None = None
     for obj in objects:
-        line, when = backend._apply_one(obj)
+        line, when = backend.apply_object(obj)
         log.info("%s", line)
         if obj["kind"] == "Deployment" and when is not None:
             reapplied = when.timestamp()
@@ -274,20 +249,21 @@ def restart_timeline(
         "Date header of the first 404 for the old pod",
     )
     ordered = {k: times[k] for k in RESTART_EVENTS}
-    for a, b in itertools.pairwise(RESTART_EVENTS):
-        if ordered[b] < ordered[a]:
-            raise KubernetesBackendError(
-                f"restart of {deployment_id}: {b} ({_iso(ordered[b])}) precedes {a} "
-                f"({_iso(ordered[a])}); clocks disagree"
-            )
+    reversed_pair = restart_events_out_of_order(ordered)
+    if reversed_pair is not None:
+        a, b = reversed_pair
+        raise KubernetesBackendError(
+            f"restart of {deployment_id}: {b} ({_iso(ordered[b])}) precedes {a} "
+            f"({_iso(ordered[a])}); clocks disagree"
+        )
     node_after = backend.node_identity(deployment_id, pod=new, container=engine)
-    probe = backend.settings["readiness_probe"]
+    probe = backend.settings.readiness_probe
     record = {
         "engine": engine,
         "rep": rep,
         "deployment_id": deployment_id,
         "backend": backend.name,
-        "namespace": ns,
+        "namespace": backend.namespace,
         "events": ordered,
         "events_utc": {k: _iso(v) for k, v in ordered.items()},
         "extra_events": {"reapplied": reapplied, **extra},
@@ -297,30 +273,16 @@ def restart_timeline(
         "new_pod": {"name": new_name, "uid": new["metadata"].get("uid")},
         "node_before": node_before,
         "node_after": node_after,
-        "node_changed": detect_reclamation(
-            {
-                k: v
-                for k, v in node_before.items()
-                if not k.startswith("pod") and k != "container_restarts"
-            },
-            {
-                k: v
-                for k, v in node_after.items()
-                if not k.startswith("pod") and k != "container_restarts"
-            },
-        ),
+        "node_changed": detect_reclamation(_node_only(node_before), _node_only(node_after)),
         "image_pull_message": pull_message,
-        "readiness_probe": {
-            "initial_delay_s": probe["initial_delay_s"],
-            "period_s": probe["period_s"],
-        },
+        "readiness_probe": {"initial_delay_s": probe.initial_delay_s, "period_s": probe.period_s},
     }
     write_json(out_path, record)
     return record
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+def _node_only(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """Node identity without the pod's part: a restart replaces the pod by design."""
+    return {
+        k: v for k, v in identity.items() if not k.startswith("pod") and k != "container_restarts"
+    }

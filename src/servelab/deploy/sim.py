@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from servelab.deploy import RunRequest
+from servelab.deploy.backend import RunRequest
+from servelab.sim.run import sim_deploy, simulate_run_files
 
 __all__ = ["SIM_STARTUP_TIME", "SimBackend"]
 
@@ -24,8 +25,6 @@ class SimBackend:
     def deploy(
         self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
     ) -> None:
-        from servelab.sim.run import sim_deploy
-
         del manifest_path  # nothing to apply: the simulator resolves from the same flags
         sim_deploy(
             engine=deployment["engine"],
@@ -39,24 +38,17 @@ class SimBackend:
         )
 
     def run(self, request: RunRequest) -> dict[str, Any]:
-        from servelab.sim.run import simulate_run_files
-
         return simulate_run_files(
-            trace_path=request.trace_path,
-            manifest_path=request.manifest_path,
-            arm=request.arm,
-            engine=request.engine,
-            condition=request.condition,
-            rep=request.rep,
+            **request.trace_and_coordinates(),
             flags=list(request.deployment["flags"]),
             gpu_name=self.gpu["name"],
             gpu_memory_mib=int(self.gpu["memory_mib"]),
             model_preset=self.model["preset"],
             deployment_id=request.deployment["deployment_id"],
-            warmup_requests=int(request.dispatch["warmup_requests"]),
-            request_timeout_s=float(request.dispatch["request_timeout_s"]),
-            stream_interval=int(request.dispatch["stream_interval"]),
-            telemetry_step_s=float(request.telemetry["step_s"]),
+            warmup_requests=request.dispatch.warmup_requests,
+            request_timeout_s=request.dispatch.request_timeout_s,
+            stream_interval=request.dispatch.stream_interval,
+            telemetry_step_s=request.telemetry.step_s,
             success_threshold=request.success_threshold,
             offered_load_rps=request.offered_load_rps,
             attempt=request.attempt,

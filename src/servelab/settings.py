@@ -1,0 +1,287 @@
+"""Typed settings: the config's `dispatch`, `campaign`, `telemetry` and `kubernetes` sections.
+
+One frozen dataclass per section (and per nested section), built once from the validated
+configuration with `Settings.from_config(config)`, or one section at a time with
+`<Section>.from_section(mapping)`. The dataclass defaults are the only defaults these sections
+have: the config schema (config.schema.yaml) names the same keys and sets no default of its own,
+and a test checks that the two agree key for key.
+
+A key that the schema requires has no default here; a key the config may leave out has its
+default here and nowhere else. Mapping-valued keys (`node_selector`, `resources`,
+`metrics_selector`, `pod_monitor.labels`) replace their default as a whole, so a selector can drop
+a label; nested sections (`timeouts`, `readiness_probe`, ...) merge key by key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self, TypeVar
+
+__all__ = [
+    "SECTIONS",
+    "CampaignSettings",
+    "DispatchSettings",
+    "HfTokenSecret",
+    "KubernetesSettings",
+    "KubernetesTimeouts",
+    "ModelVolume",
+    "PodMonitorSettings",
+    "ReadinessProbe",
+    "Settings",
+    "SettingsError",
+    "TelemetrySettings",
+]
+
+_Section = TypeVar("_Section")
+
+
+class SettingsError(ValueError):
+    """A settings section that does not fit its dataclass; the message names the key."""
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    """`value` as the field's type: nested sections built, numbers made int/float as declared."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            raise SettingsError(f"config key {where}: expected a mapping, got {value!r}")
+        return _build(hint, value, where)
+    if hint in (int, float, str, bool):
+        return hint(value)
+    if typing.get_origin(hint) is tuple:
+        return tuple(value)
+    if typing.get_origin(hint) is dict:
+        return dict(value)
+    return value  # unions such as `str | None`: as validated
+
+
+def _build(cls: type[_Section], section: Mapping[str, Any] | None, where: str) -> _Section:
+    """`cls` from a config section: given keys over the dataclass defaults (nested ones too)."""
+    given = dict(section or {})
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise SettingsError(f"config key {where}: unknown key(s) {', '.join(map(repr, unknown))}")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in given.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required key is missing
+        raise SettingsError(f"config key {where}: {exc}") from exc
+
+
+class _ConfigSection:
+    """What every top-level section has: built from its config mapping, and read back as one."""
+
+    config_key: ClassVar[str]  # the section's key in the config
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any] | None) -> Self:
+        return _build(cls, section, cls.config_key)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The section as the plain mapping the config spells (nested sections as mappings)."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class DispatchSettings(_ConfigSection):
+    """The config's `dispatch:` section: how the live dispatcher sends a trace."""
+
+    config_key: ClassVar[str] = "dispatch"
+
+    warmup_requests: int
+    request_timeout_s: float
+    ignore_eos: bool = True
+    stream_interval: int = 1
+    # Longest wait for the engine's /health before the first request (a model load is minutes).
+    health_timeout_s: float = 900.0
+    workers: int = 1
+    # "paced": a pacer process sends each request on time, the event loop reads (plain http only).
+    client: str = "paced"
+
+
+# --------------------------------------------------------------------------- campaign
+
+
+@dataclass(frozen=True)
+class CampaignSettings(_ConfigSection):
+    """The config's `campaign:` section: pauses, pass mark, retries and (tests) injected faults."""
+
+    config_key: ClassVar[str] = "campaign"
+
+    pause_between_runs_s: float
+    success_threshold: float
+    retries: int
+    faults: tuple[dict[str, Any], ...] = ()
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+@dataclass(frozen=True)
+class TelemetrySettings(_ConfigSection):
+    """The config's `telemetry:` section: the Prometheus a live run's window is pulled from."""
+
+    config_key: ClassVar[str] = "telemetry"
+
+    step_s: float
+    prometheus_url: str
+
+
+# --------------------------------------------------------------------------- kubernetes
+
+
+@dataclass(frozen=True)
+class KubernetesTimeouts:
+    """`kubernetes.timeouts`: every wait of the backend is bounded by one of these (seconds)."""
+
+    ready_s: float = 1800.0
+    delete_s: float = 300.0
+    poll_s: float = 5.0
+    request_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ModelVolume:
+    """`kubernetes.model_volume`: the PersistentVolumeClaim holding the Hugging Face cache."""
+
+    claim_name: str = "servelab-models"
+    size: str = "60Gi"
+    storage_class: str | None = "standard-rwo"
+    mount_path: str = "/root/.cache/huggingface"
+
+
+@dataclass(frozen=True)
+class HfTokenSecret:
+    """`kubernetes.hf_token_secret`: the Secret (name, key) the engine reads its token from."""
+
+    name: str = "hf-token"
+    key: str = "token"
+
+
+@dataclass(frozen=True)
+class ReadinessProbe:
+    """`kubernetes.readiness_probe` of the engine container (seconds are whole: the API's)."""
+
+    path: str = "/health"
+    initial_delay_s: int = 60
+    period_s: int = 10
+    timeout_s: int = 5
+    failure_threshold: int = 3
+
+
+@dataclass(frozen=True)
+class PodMonitorSettings:
+    """`kubernetes.pod_monitor`: what kube-prometheus-stack needs to scrape the engine."""
+
+    labels: dict[str, str] = field(default_factory=lambda: {"release": "kube-prometheus-stack"})
+    interval: str = "5s"
+
+    @property
+    def interval_s(self) -> float:
+        """`interval` (a Prometheus duration such as 5s, 500ms, 1m) in seconds."""
+        match = re.fullmatch(r"(\d+)(ms|s|m|h)", self.interval.strip())
+        if not match:
+            raise SettingsError(
+                f"kubernetes.pod_monitor.interval {self.interval!r}: expected e.g. 5s"
+            )
+        return int(match[1]) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+@dataclass(frozen=True)
+class KubernetesSettings(_ConfigSection):
+    """The config's `kubernetes:` section (docs/kubernetes.md says what each key does)."""
+
+    config_key: ClassVar[str] = "kubernetes"
+
+    # None: in-cluster when running in a pod, else $KUBECONFIG or ~/.kube/config.
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str = "servelab"
+    run_label: str = "servelab"
+    node_selector: dict[str, str] = field(
+        default_factory=lambda: {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    )
+    gpu_resource: str = "nvidia.com/gpu"
+    gpu_taint_key: str = "nvidia.com/gpu"
+    resources: dict[str, str | int | float] = field(
+        default_factory=lambda: {"cpu": "4", "memory": "16Gi"}
+    )
+    image_pull_policy: str = "IfNotPresent"
+    termination_grace_period_s: int = 30
+    # Seconds between node-identity reads during a run (0: at its start and end only).
+    node_watch_s: float = 15.0
+    model_volume: ModelVolume = field(default_factory=ModelVolume)
+    hf_token_secret: HfTokenSecret = field(default_factory=HfTokenSecret)
+    readiness_probe: ReadinessProbe = field(default_factory=ReadinessProbe)
+    sglang_shm_size: str = "10Gi"
+    pod_monitor: PodMonitorSettings = field(default_factory=PodMonitorSettings)
+    engine_url: str = "http://{service}.{namespace}.svc.cluster.local:{port}"
+    # Prometheus labels of the engine's series ({namespace}, {deployment_id} filled in): the
+    # PodMonitor copies the pod label servelab.dev/deployment as servelab_dev_deployment.
+    metrics_selector: dict[str, str] = field(
+        default_factory=lambda: {
+            "namespace": "{namespace}",
+            "servelab_dev_deployment": "{deployment_id}",
+        }
+    )
+    timeouts: KubernetesTimeouts = field(default_factory=KubernetesTimeouts)
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any] | KubernetesSettings | None) -> Self:
+        if isinstance(section, cls):
+            return section
+        return _build(cls, section, cls.config_key)  # type: ignore[arg-type]
+
+    def engine_url_for(self, deployment_id: str, port: int) -> str:
+        """Where the dispatcher reaches the engine: `engine_url` with {service}, {namespace},
+        {port} (and {deployment_id}) filled in."""
+        return self.engine_url.format(
+            service=deployment_id, namespace=self.namespace, port=port, deployment_id=deployment_id
+        )
+
+    def metrics_selector_for(self, deployment_id: str) -> dict[str, str]:
+        """Prometheus label matchers of the deployment's series."""
+        return {
+            key: str(value).format(namespace=self.namespace, deployment_id=deployment_id)
+            for key, value in self.metrics_selector.items()
+        }
+
+
+# --------------------------------------------------------------------------- all of them
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every typed section a deployment or a run reads."""
+
+    dispatch: DispatchSettings
+    campaign: CampaignSettings
+    telemetry: TelemetrySettings
+    kubernetes: KubernetesSettings
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Settings:
+        """From a validated config, or from a run's settings (which carry the same sections)."""
+        return cls(
+            dispatch=DispatchSettings.from_section(config["dispatch"]),
+            campaign=CampaignSettings.from_section(config["campaign"]),
+            telemetry=TelemetrySettings.from_section(config["telemetry"]),
+            kubernetes=KubernetesSettings.from_section(config.get("kubernetes")),
+        )
+
+
+# The config sections that have a dataclass here, by their config key.
+SECTIONS: dict[str, type[Any]] = {
+    "dispatch": DispatchSettings,
+    "campaign": CampaignSettings,
+    "telemetry": TelemetrySettings,
+    "kubernetes": KubernetesSettings,
+}
