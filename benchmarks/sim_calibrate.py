@@ -1,7 +1,7 @@
 """Simulated vs study values: the calibration (defaults-arm rate sweep) and validation tables.
 
 Runs the simulator on precompiled traces (`servelab trace compile`, one folder per condition/rep under
---traces) and prints, per condition and engine, the run metrics of DESIGN.md "Metrics" (geometric
+--traces) and prints, per condition and engine, the run metrics of docs/analysis.md (geometric
 means over repetitions; KV peak arithmetic) beside the study's values where the paper gives them.
 
     .venv/bin/python benchmarks/sim_calibrate.py --traces /tmp/simtr --set rate        # calibration
@@ -9,7 +9,7 @@ means over repetitions; KV peak arithmetic) beside the study's values where the 
     .venv/bin/python benchmarks/sim_calibrate.py ... --cal gemm_efficiency=0.5 ...     # explore
 
 Metric definitions are reimplemented here (not imported from servelab.analysis) so the script runs on
-its own; they follow DESIGN.md: measured requests exclude warm-ups and graph 0; TTFT = first chunk -
+its own; they follow docs/analysis.md: measured requests exclude warm-ups and graph 0; TTFT = first chunk -
 sent; TPOT = (last - first chunk)/(n - 1); X = N_ok / W.
 """
 

@@ -13,6 +13,7 @@ from servelab.analysis.pipeline import analyze
 from servelab.analysis.restarts import discover_restart_records
 from servelab.analysis.runs import discover_run_dirs
 from servelab.analysis.verify import record_checksums, verify
+from servelab.config import load_config
 
 __all__ = ["register"]
 
@@ -56,8 +57,6 @@ def register(subparsers: Any) -> None:
 def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {"keeps_pace": 0.97, "phi_guard": 1.1, "exclude_first_graph": True}
     if args.config is not None:
-        from servelab.config import load_config
-
         section = load_config(args.config).get("analysis", {})
         params.update({k: section[k] for k in params if k in section})
     if args.keeps_pace is not None:

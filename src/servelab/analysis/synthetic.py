@@ -26,6 +26,7 @@ from servelab.artifacts import (
     write_json,
     write_parquet,
 )
+from servelab.config import conditions, runs, trace_seed
 from servelab.runrecord import build_run_record
 
 __all__ = [
@@ -455,8 +456,6 @@ def write_synthetic_grid(
 
     `duration_scale` shortens every run (tests); `statuses` forces run.json status by run id.
     """
-    from servelab.config import conditions, runs, trace_seed
-
     root = Path(root)
     conds = conditions(config)
     run_dirs: list[Path] = []

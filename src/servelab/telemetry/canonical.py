@@ -1,4 +1,4 @@
-"""Raw engine-metric samples -> the canonical telemetry table (DESIGN.md `telemetry.parquet`).
+"""Raw engine-metric samples -> the canonical telemetry table (docs/architecture.md, "Artifacts").
 
 Every backend records the same raw form (`scrape.parquet`: the engine's own metric names over the
 run's window), so one mapping and one coverage check serve the simulator and Prometheus alike.

@@ -1,4 +1,4 @@
-"""servelab.workload: seeded multi-agent trace compilation, validation and loading (DESIGN.md "Workload").
+"""servelab.workload: seeded multi-agent trace compilation, validation and loading (docs/workload.md).
 
 Public API (plain-value arguments, so Snakemake scripts stay thin):
 

@@ -1,4 +1,4 @@
-"""L1: agent-graph arrivals, a renewal process with i.i.d. Gamma gaps (DESIGN.md "Workload", study §3.5).
+"""L1: agent-graph arrivals, a renewal process with i.i.d. Gamma gaps (docs/workload.md, study §3.5).
 
 Gaps have mean 1/λ and coefficient of variation cv: shape k = 1/cv², scale θ = cv²/λ. The first graph arrives
 one gap after the run starts (t₁ = g₁), and every graph with t < duration_s belongs to the trace, so a trace holds

@@ -8,6 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from servelab.artifacts import TRACE_SCHEMA, read_parquet, read_trace_manifest
+from servelab.config import load_config
+from servelab.workload.compiler import compile_from_config
+from servelab.workload.validate import check_results
+
 __all__ = ["register"]
 
 TRACE_FILE = "trace.parquet"
@@ -48,9 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from servelab.config import load_config
-    from servelab.workload.compiler import compile_from_config
-
     config = load_config(args.config)
     out = Path(args.out) if args.out else Path("results/traces") / args.condition / args.rep
     manifest = compile_from_config(
@@ -69,8 +71,6 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from servelab.workload.validate import check_results
-
     folder = Path(args.dir)
     results = check_results(folder / TRACE_FILE, folder / MANIFEST_FILE, args.retokenize)
     width = max(len(name) for name in results)
@@ -85,8 +85,6 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from servelab.artifacts import TRACE_SCHEMA, read_parquet, read_trace_manifest
-
     folder = Path(args.dir)
     manifest = read_trace_manifest(folder / MANIFEST_FILE)
     table = read_parquet(folder / TRACE_FILE, TRACE_SCHEMA)

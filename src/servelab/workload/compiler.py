@@ -1,4 +1,4 @@
-"""The trace compiler: one seed -> trace.parquet + manifest.json (DESIGN.md "Workload" and "Artifacts").
+"""The trace compiler: one seed -> trace.parquet + manifest.json (docs/workload.md, docs/architecture.md).
 
 Layers, each from its own named random stream of the trace seed (`streams.substream`):
 L1 arrivals ("arrivals"), L2 graphs and tool delays ("tool_delay"), L3 prompts ("prefix", "suffix").

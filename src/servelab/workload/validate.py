@@ -1,4 +1,4 @@
-"""The trace validator: the six checks of DESIGN.md "Workload" (study §3.5). A trace failing any is not dispatched.
+"""The trace validator: the six checks of docs/workload.md (study §3.5). A trace failing any is not dispatched.
 
 Checks, by name (each passes or fails on the whole trace; a failure names the first offending request or graph):
 
@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from servelab.artifacts import TRACE_SCHEMA, ArtifactError, read_parquet, read_trace_manifest
+from servelab.workload.tokenizer import encode_batch, load_tokenizer
 from servelab.workload.topology import ROLE_ORDER
 
 __all__ = [
@@ -356,8 +357,6 @@ def run_checks(
 
 
 def _retokenize(table: pa.Table, tokenizer: str) -> str:
-    from servelab.workload.tokenizer import encode_batch, load_tokenizer
-
     tok = load_tokenizer(tokenizer)
     tokens = TokenColumn(table)
     ids = table.column("request_id").to_pylist()
