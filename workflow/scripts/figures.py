@@ -3,11 +3,11 @@
 from servelab.analysis import write_figures
 from servelab.workflow_io import log_to
 
-with log_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
+with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     write_figures(
-        list(snakemake.params.run_dirs),  # noqa: F821
-        snakemake.params.out_dir,  # noqa: F821
-        manifests=list(snakemake.input.manifests),  # noqa: F821
-        restart_records=list(snakemake.input.restarts),  # noqa: F821
-        **snakemake.params.settings,  # noqa: F821
+        list(snakemake.params.run_dirs),
+        snakemake.params.out_dir,
+        manifests=list(snakemake.input.manifests),
+        restart_records=list(snakemake.input.restarts),
+        **snakemake.params.settings,
     )

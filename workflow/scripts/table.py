@@ -3,10 +3,10 @@
 from servelab.analysis import write_table
 from servelab.workflow_io import log_to
 
-with log_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
+with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     write_table(
-        int(snakemake.params.number),  # noqa: F821
-        list(snakemake.params.run_dirs),  # noqa: F821
-        snakemake.output.csv,  # noqa: F821
-        **snakemake.params.settings,  # noqa: F821
+        int(snakemake.params.number),
+        list(snakemake.params.run_dirs),
+        snakemake.output.csv,
+        **snakemake.params.settings,
     )

@@ -3,12 +3,12 @@
 from servelab.analysis import verify_against_checksums
 from servelab.workflow_io import log_to
 
-with log_to(snakemake.log[0]):  # noqa: F821 (injected by Snakemake)
+with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     verify_against_checksums(
-        list(snakemake.params.run_dirs),  # noqa: F821
-        snakemake.input.checksums,  # noqa: F821
-        snakemake.output.verified,  # noqa: F821
-        manifests=list(snakemake.input.manifests),  # noqa: F821
-        restart_records=list(snakemake.input.restarts),  # noqa: F821
-        **snakemake.params.settings,  # noqa: F821
+        list(snakemake.params.run_dirs),
+        snakemake.input.checksums,
+        snakemake.output.verified,
+        manifests=list(snakemake.input.manifests),
+        restart_records=list(snakemake.input.restarts),
+        **snakemake.params.settings,
     )
