@@ -227,6 +227,7 @@ class Dispatcher:
         clock_origin: float | None = None,
         trace_start_s: float | None = None,
         control: Any = None,
+        await_go: bool = False,
         defer_token_counts: bool = False,
         client: str = DispatchSettings.client,
     ) -> None:
@@ -236,10 +237,13 @@ class Dispatcher:
         self.base_url = base_url.rstrip("/")
         # Worker mode (see run_parallel): the run's clock origin (a time.perf_counter() value,
         # system-wide on Linux) and trace start are given, warm-up and health are done elsewhere,
-        # `control` (a multiprocessing connection) may bring ("stop", reason).
+        # `control` (a multiprocessing connection) may bring ("stop", reason). With `await_go`
+        # the clock comes over `control` too: the worker says ("ready", None) once it can send
+        # (its pacer process up), then takes ("go", clock origin, trace start).
         self.clock_origin = clock_origin
         self.given_trace_start_s = trace_start_s
         self.control = control
+        self.await_go = await_go
         self.defer_token_counts = defer_token_counts
         self.model = model
         self.tracker = ReleaseTracker(trace)
@@ -313,6 +317,8 @@ class Dispatcher:
             cpu0 = time.process_time()
             if self._paced is not None:
                 await self._paced.start()  # loads every request into the pacer process
+            if self.await_go:
+                await self._await_go()
             if self.clock_origin is None:
                 await wait_healthy(self._clients.clients[0], self.health_timeout_s)
                 self._t0 = time.perf_counter()
@@ -390,6 +396,16 @@ class Dispatcher:
                 self._paced.connections_opened if self._paced is not None else None
             ),
         )
+
+    async def _await_go(self) -> None:
+        """Worker mode: ready only now that every request can go out on time, then the clock.
+        (A pacer started after the clock would make the worker late for its first requests.)"""
+        self.control.send(("ready", None))
+        kind, origin, trace_start = await asyncio.to_thread(self.control.recv)
+        if kind != "go":
+            raise DispatchError(f"dispatch worker: expected the clock, got {kind!r}")
+        self.clock_origin = origin
+        self.given_trace_start_s = trace_start
 
     def _on_control(self) -> None:
         """A message from the supervising process (worker mode): ("stop", reason)."""

@@ -49,14 +49,9 @@ def _worker_main(conn: Any, kwargs: dict[str, Any]) -> None:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    dispatcher = Dispatcher(**kwargs, control=conn, defer_token_counts=True)
-    dispatcher._prepare()
-    conn.send(("ready", None))
-    kind, origin, trace_start = conn.recv()
-    if kind != "go":
-        return
-    dispatcher.clock_origin = origin
-    dispatcher.given_trace_start_s = trace_start
+    # The dispatcher says "ready" once it can send on time (its pacer process up), then takes
+    # the run's clock over `conn`.
+    dispatcher = Dispatcher(**kwargs, control=conn, await_go=True, defer_token_counts=True)
     try:
         result: Any = dispatcher.run()
     except Exception as exc:  # reported to the supervisor, which raises it
@@ -127,7 +122,9 @@ def run_parallel(
                 raise DispatchError(
                     f"a dispatch worker was not ready in {WORKER_READY_TIMEOUT_S:g} s"
                 )
-            conn.recv()
+            kind, payload = conn.recv()
+            if kind != "ready":  # the worker failed before it could send: its error
+                raise payload if isinstance(payload, Exception) else DispatchError(str(payload))
         head = Dispatcher(
             base_url=base_url,
             model=model,
