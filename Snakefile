@@ -15,6 +15,7 @@ include: "workflow/rules/run.smk"
 include: "workflow/rules/telemetry.smk"
 include: "workflow/rules/restart.smk"
 include: "workflow/rules/analysis.smk"
+include: "workflow/rules/status.smk"
 
 
 rule all:
@@ -26,9 +27,23 @@ rule all:
         checksums=rules.checksums.output.checksums,
 
 
+onstart:
+    # Outputs modified from now on are what this invocation wrote (the closing summary line).
+    global workflow_started_s
+    import time
+
+    workflow_started_s = time.time()
+
+
 onsuccess:
+    from servelab.workflow_io import requested_targets, summary_line
+
     stop_local_backend()
+    print(summary_line(requested_targets(workflow), workflow_started_s))
 
 
 onerror:
+    from servelab.workflow_io import requested_targets, summary_line
+
     stop_local_backend()
+    print(summary_line(requested_targets(workflow), workflow_started_s, failed=True))

@@ -1,25 +1,30 @@
 """Campaign semantics (study §5.4): deploy and gate, run with retries, discard on reclamation.
 
-The Snakemake rules call these functions once per deployment and once per run. What differs
-between backends is behind `servelab.deploy.Backend`; everything here is shared.
+The Snakemake rules call these functions once per deployment and once per block: every repetition
+of one (arm, engine, condition), the unit of work (docs/campaigns.md). What differs between
+backends is behind `servelab.deploy.Backend`; everything here is shared.
 
 A run passes when its record is complete and at least `success_threshold` of its requests
 succeeded. A failing run is retried up to `retries` times; each failed attempt's artifacts are kept
 under `<run>/attempts/attempt-N/`. A run that still fails is recorded (status `failed`) and the
-campaign goes on. When the node under a run is reclaimed, every repetition of that
-(arm, engine, condition) is moved under `results/discarded/` with a reason file and repeated.
+campaign goes on. When the node under a run is reclaimed, every repetition of the block is moved
+under `results/discarded/` with a reason file and measured again, by the same job.
+
+Each run's measurement is sealed in `<run>/measured/` under its key (servelab.identity: the
+identity settings alone); a job finding a sealed measurement of the same key publishes it instead
+of measuring again. One of another key is moved aside to `results/superseded/` (real engines) or
+dropped (the simulator) before the run is measured again.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +43,16 @@ from servelab.deploy import Backend, RunRequest, get_backend
 from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_deployment
 from servelab.engines import check_resolved, parse_startup_log
+from servelab.identity import (
+    deployment_identity,
+    measurement_key,
+    operational_settings,
+    run_identity,
+)
 from servelab.runrecord import build_run_record
 from servelab.settings import Settings
-from servelab.telemetry import canonicalize_files
 
-__all__ = ["deploy", "execute_run", "render_manifests"]
+__all__ = ["BlockPaths", "RunPaths", "deploy", "execute_block", "execute_run", "render_manifests"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +101,11 @@ def deploy(
     """
     impl = get_backend(backend, gpu=gpu, model=model, kubernetes=kubernetes)
     impl.deploy(deployment, manifest_path=manifest_path, startup_log_path=startup_log_path)
+    if backend != "sim":
+        # A real engine's start-up log is a measurement too: every one is kept (a forced
+        # redeployment replaces the declared startup.log, never this copy).
+        archive = _next_generation(Path(startup_log_path).parent / "startups")
+        os.link(startup_log_path, archive / "startup.log")
     text = Path(startup_log_path).read_text(encoding="utf-8", errors="replace")
     parsed = parse_startup_log(text, engine=deployment["engine"])
     check_resolved(
@@ -127,9 +142,6 @@ class RunPaths:
         """Where attempts write; published to the run's declared outputs once complete."""
         return self.run_dir / "measured"
 
-    def sibling(self, rep: str) -> RunPaths:
-        return RunPaths(self.results_dir, self.arm, self.engine, self.condition, rep)
-
     @property
     def discard_root(self) -> Path:
         return self.results_dir / "discarded" / self.arm / self.engine / self.condition
@@ -137,6 +149,111 @@ class RunPaths:
     @property
     def run_id(self) -> str:
         return f"{self.arm}/{self.engine}/{self.condition}/{self.rep}"
+
+
+@dataclass(frozen=True)
+class BlockPaths:
+    """One (arm, engine, condition): the unit of work. Its job owns everything under its
+    condition folder in results/runs/ and results/discarded/."""
+
+    results_dir: Path
+    arm: str
+    engine: str
+    condition: str
+
+    @property
+    def block_id(self) -> str:
+        return f"{self.arm}/{self.engine}/{self.condition}"
+
+    @property
+    def block_json(self) -> Path:
+        return self.results_dir / "runs" / self.arm / self.engine / self.condition / "block.json"
+
+    @property
+    def discard_root(self) -> Path:
+        return self.results_dir / "discarded" / self.arm / self.engine / self.condition
+
+    def run(self, rep: str) -> RunPaths:
+        return RunPaths(self.results_dir, self.arm, self.engine, self.condition, rep)
+
+
+def execute_block(
+    *,
+    identity: Mapping[str, Any],
+    operational: Mapping[str, Any],
+    faults: Sequence[Mapping[str, Any]],
+    results_dir: str,
+    traces: Sequence[str],
+    manifests: Sequence[str],
+    resolved_path: str,
+    block_json_path: str,
+) -> dict[str, Any]:
+    """Measure every repetition of one (arm, engine, condition) block; returns the block record
+    (written to `block_json_path`, beside the repetitions).
+
+    `identity` is what the run rule's params carry: `deployment` (servelab.identity's
+    deployment_identity), `run` (run_identity without the rep) and `reps`; `operational` the
+    operational settings (servelab.identity.operational_settings), read at run time; `faults` the
+    injected faults of the config (each names its run). `traces[i]`/`manifests[i]` belong to
+    `reps[i]`. A reclamation discards the block's repetitions (kept, with the reason) and measures
+    them all again on the new node, within this job.
+    """
+    run = dict(identity["run"])
+    deployment_id = dict(identity["deployment"])
+    reps = list(identity["reps"])
+    if not (len(reps) == len(traces) == len(manifests)):
+        raise ValueError(
+            f"block {run['arm']}/{run['engine']}/{run['condition']}: {len(reps)} reps, "
+            f"{len(traces)} traces, {len(manifests)} manifests"
+        )
+    block = BlockPaths(Path(results_dir), run["arm"], run["engine"], run["condition"])
+    if Path(block_json_path).resolve() != block.block_json.resolve():
+        raise ValueError(f"block {block.block_id}: {block_json_path} is not {block.block_json}")
+    settings = _settings(identity, operational)
+    typed = Settings.from_config(settings)
+    impl = get_backend(
+        settings["backend"],
+        gpu=settings["gpu"],
+        model=settings["model"],
+        kubernetes=settings["kubernetes"],
+    )
+    resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
+    deployment = {k: v for k, v in deployment_id.items() if k not in ("backend", "gpu", "model")}
+    campaign = _Campaign(impl, settings, typed, deployment, resolved)
+    items = [
+        _BlockItem(block.run(rep), trace, manifest, _key(run, rep, deployment_id, trace, resolved))
+        for rep, trace, manifest in zip(reps, traces, manifests, strict=True)
+    ]
+    block_faults = [
+        dict(f) for f in faults if str(f.get("run", "")).startswith(block.block_id + "/")
+    ]
+    discards: list[str] = []
+    while True:
+        interrupted = campaign.measure_block(items, block_faults)
+        if interrupted is None:
+            break
+        paths, reason, active = interrupted
+        discards.append(_discard_block(block, [i.paths for i in items], paths, reason, active))
+        if len(discards) >= MAX_RECLAMATIONS:
+            raise RuntimeError(
+                f"block {block.block_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up"
+            )
+        log.warning("block %s: %s; every repetition is measured again", block.block_id, reason)
+    record = {
+        "block": block.block_id,
+        "backend": settings["backend"],
+        "deployment_id": resolved["deployment_id"],
+        "reps": {
+            item.paths.rep: {
+                "status": read_run_json(item.paths.run_dir / "run.json")["status"],
+                "measurement_key": item.key,
+            }
+            for item in items
+        },
+        "discarded": discards,
+    }
+    write_json(block.block_json, record)
+    return record
 
 
 def execute_run(
@@ -147,84 +264,64 @@ def execute_run(
     trace_path: str,
     manifest_path: str,
     resolved_path: str,
-    requests_path: str,
-    scrape_path: str,
-    run_json_path: str,
 ) -> dict[str, Any]:
-    """Measure one run; returns its final run record (written to `run_json_path`)."""
-    paths = RunPaths(
-        Path(results_dir),
-        settings["arm"],
-        settings["engine"],
-        settings["condition"],
-        settings["rep"],
+    """One repetition as a block of its own (tests and scripts outside Snakemake): `settings` is
+    the whole config-like mapping (backend, gpu, model, arm, engine, condition, rep,
+    offered_load_rps and the dispatch, campaign, telemetry, kubernetes sections)."""
+    config = {k: settings.get(k) for k in ("backend", "gpu", "model", "dispatch", "campaign")}
+    config.update(telemetry=settings.get("telemetry"), kubernetes=settings.get("kubernetes"))
+    run = {k: settings[k] for k in ("arm", "engine", "condition", "offered_load_rps")}
+    block = BlockPaths(Path(results_dir), run["arm"], run["engine"], run["condition"])
+    record = execute_block(
+        identity={
+            "deployment": deployment_identity(config, deployment),
+            "run": run_identity(config, run),
+            "reps": [settings["rep"]],
+        },
+        operational=operational_settings(config),
+        faults=list(settings.get("faults", [])),
+        results_dir=results_dir,
+        traces=[trace_path],
+        manifests=[manifest_path],
+        resolved_path=resolved_path,
+        block_json_path=str(block.block_json),
     )
-    expected_dir = Path(run_json_path).parent
-    if expected_dir.resolve() != paths.run_dir.resolve():
-        raise ValueError(
-            f"run {paths.run_id}: outputs {expected_dir} are not under {paths.run_dir}"
-        )
-    resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
-    impl = get_backend(
-        settings["backend"],
-        gpu=settings["gpu"],
-        model=settings["model"],
-        kubernetes=settings.get("kubernetes"),
-    )
-    key = _measurement_key(settings, deployment, trace_path)
-    record = _completed_measurement(paths, key)
-    if record is not None:
-        # Measured by an invocation that was killed before Snakemake recorded the job: keep it.
-        log.info(
-            "run %s: already measured (attempt %d); publishing it", paths.run_id, record["attempt"]
-        )
-        _publish(paths)
-        return record
-    typed = Settings.from_config(settings)
-    pause = typed.campaign.pause_between_runs_s
-    if pause > 0:
-        log.info("pausing %.0f s between runs", pause)
-        time.sleep(pause)
-
-    campaign = _Campaign(impl, settings, typed, deployment, resolved)
-    record = campaign.run_with_retries(paths, trace_path, manifest_path)
-    if record.get("reclaimed"):
-        raise RuntimeError(
-            f"run {paths.run_id}: node reclaimed {MAX_RECLAMATIONS} times; giving up"
-        )
-    _seal(paths, key)
-    log.info(
-        "run %s: status %s after %d attempt(s), %d/%d requests ok",
-        paths.run_id,
-        record["status"],
-        record["attempt"],
-        record["n_ok"],
-        record["n_sent"],
-    )
-    del requests_path, scrape_path  # published with run.json, under the run directory
-    return record
+    return read_run_json(block.run(settings["rep"]).run_dir / "run.json") | {"block": record}
 
 
-def _measurement_key(
-    settings: Mapping[str, Any], deployment: Mapping[str, Any], trace_path: str
+def _settings(identity: Mapping[str, Any], operational: Mapping[str, Any]) -> dict[str, Any]:
+    """The config-like mapping the backends and servelab.settings read: identity and operational
+    keys of each section merged back together."""
+    run = identity["run"]
+    out: dict[str, Any] = {k: run[k] for k in ("backend", "gpu", "model")}
+    for section in ("dispatch", "campaign", "telemetry", "kubernetes"):
+        out[section] = {**dict(operational.get(section, {})), **dict(run.get(section, {}))}
+    out["offered_load_rps"] = run["offered_load_rps"]
+    return out
+
+
+def _key(
+    run: Mapping[str, Any],
+    rep: str,
+    deployment: Mapping[str, Any],
+    trace_path: str,
+    resolved: Mapping[str, Any],
 ) -> str:
-    """What determines a measurement: the trace's bytes, the deployment and the run settings."""
-    identity = {
-        "trace_sha256": file_sha256(trace_path),
-        "deployment": dict(deployment),
-        "settings": {k: v for k, v in settings.items() if k != "faults"},
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    return measurement_key(
+        trace_sha256=file_sha256(trace_path),
+        deployment=deployment,
+        run={**dict(run), "rep": rep},
+        resolved=resolved,
+    )
 
 
-def _completed_measurement(paths: RunPaths, key: str) -> dict[str, Any] | None:
-    """The sealed measurement of an earlier invocation with the same key, if any."""
+def _sealed_key(paths: RunPaths) -> str | None:
     seal = paths.measured_dir / "measurement.key"
-    if not seal.is_file() or seal.read_text(encoding="utf-8").strip() != key:
+    if not seal.is_file():
         return None
     if not all((paths.measured_dir / name).is_file() for name in RUN_FILES):
         return None
-    return read_run_json(paths.measured_dir / "run.json")
+    return seal.read_text(encoding="utf-8").strip()
 
 
 def _seal(paths: RunPaths, key: str) -> None:
@@ -248,12 +345,53 @@ def _publish(paths: RunPaths) -> None:
         tmp.replace(target)
 
 
+def _supersede(paths: RunPaths, old_key: str, new_key: str, backend: str) -> None:
+    """A sealed measurement whose identity no longer matches. From a real engine it is moved
+    aside with its reason (never deleted); a simulated one is reproducible and is dropped."""
+    if backend == "sim":
+        shutil.rmtree(paths.measured_dir)
+        return
+    root = paths.results_dir / "superseded" / paths.run_id
+    target = _next_generation(root)
+    shutil.move(str(paths.measured_dir), str(target / "measured"))
+    if (paths.run_dir / "attempts").is_dir():
+        shutil.move(str(paths.run_dir / "attempts"), str(target / "attempts"))
+    write_json(
+        target / "reason.json",
+        {
+            "run_id": paths.run_id,
+            "reason": "the measurement's identity changed",
+            "measurement_key": old_key,
+            "new_measurement_key": new_key,
+            "superseded_at_unix_s": round(time.time(), 3),
+        },
+    )
+    log.warning("run %s: identity changed; the old measurement is kept in %s", paths.run_id, target)
+
+
+def _next_generation(root: Path) -> Path:
+    """root/NNN, the next free generation (001, 002, ...), created."""
+    root.mkdir(parents=True, exist_ok=True)
+    number = 1 + max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0)
+    target = root / f"{number:03d}"
+    target.mkdir()
+    return target
+
+
+@dataclass(frozen=True)
+class _BlockItem:
+    paths: RunPaths
+    trace_path: str
+    manifest_path: str
+    key: str
+
+
 @dataclass(frozen=True)
 class _Campaign:
-    """What every attempt of every run of one job shares: the backend, settings and deployment.
+    """What every attempt of every run of one block shares: the backend, settings and deployment.
 
-    `settings` is the run's settings as the workflow passes them (they key the sealed
-    measurement); `typed` holds their sections as servelab.settings reads them.
+    `settings` is the config-like mapping of the block's identity and operational settings;
+    `typed` holds its sections as servelab.settings reads them.
     """
 
     impl: Backend
@@ -262,37 +400,67 @@ class _Campaign:
     deployment: Mapping[str, Any]
     resolved: Mapping[str, Any]
 
+    def measure_block(
+        self, items: Sequence[_BlockItem], faults: Sequence[Mapping[str, Any]]
+    ) -> tuple[RunPaths, str, list[dict[str, Any]]] | None:
+        """Measure each repetition not yet sealed under its key, in order. Returns None when all
+        are measured, or (the run, the reason, its active faults) when its node was reclaimed."""
+        for item in items:
+            paths = item.paths
+            sealed = _sealed_key(paths)
+            if sealed == item.key:
+                # Measured by an invocation that was killed or forced again: keep it.
+                log.info("run %s: already measured; publishing it", paths.run_id)
+                _publish(paths)
+                continue
+            if sealed is not None:
+                _supersede(paths, sealed, item.key, self.impl.name)
+            pause = self.typed.campaign.pause_between_runs_s
+            if pause > 0:
+                log.info("pausing %.0f s between runs", pause)
+                time.sleep(pause)
+            run_faults = [dict(f) for f in faults if f.get("run") == paths.run_id]
+            record, active = self.run_with_retries(
+                paths, item.trace_path, item.manifest_path, run_faults
+            )
+            if record["status"] == "interrupted" and _was_reclaimed(record):
+                return paths, _reclamation_reason(record), active
+            _seal(paths, item.key)
+            log.info(
+                "run %s: status %s after %d attempt(s), %d/%d requests ok",
+                paths.run_id,
+                record["status"],
+                record["attempt"],
+                record["n_ok"],
+                record["n_sent"],
+            )
+        return None
+
     def run_with_retries(
-        self, paths: RunPaths, trace_path: str, manifest_path: str
-    ) -> dict[str, Any]:
+        self,
+        paths: RunPaths,
+        trace_path: str,
+        manifest_path: str,
+        faults: Sequence[Mapping[str, Any]],
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Attempts until one passes or the retries are spent; stops at a reclamation (the
+        block then discards and repeats). Returns the last record and its active faults."""
         retries = self.typed.campaign.retries
-        reclamations = 0
         attempt = _previous_attempts(paths) + 1
         last_attempt = max(1 + retries, attempt)
         record: dict[str, Any] = {}
+        active: list[dict[str, Any]] = []
         while attempt <= last_attempt:
-            faults = _active_faults(self.settings.get("faults", []), paths, attempt)
-            record = self.attempt(paths, trace_path, manifest_path, attempt, faults)
+            active = _active_faults(list(faults), paths, attempt)
+            record = self.attempt(paths, trace_path, manifest_path, attempt, active)
             if record["status"] == "ok":
-                return record
+                break
             if record["status"] == "interrupted" and _was_reclaimed(record):
-                reclamations += 1
-                reason = _reclamation_reason(record)
-                log.warning(
-                    "run %s: %s; discarding every repetition of the condition", paths.run_id, reason
-                )
-                repeated = _discard_condition(paths, reason, faults)
-                if reclamations >= MAX_RECLAMATIONS:
-                    return {**record, "reclaimed": True}
-                # Repeat the repetitions that had completed, on the new node, before this one.
-                for sibling in repeated:
-                    self.rerun_sibling(sibling, trace_path)
-                attempt, last_attempt = 1, 1 + retries
-                continue
+                break
             if attempt < last_attempt:
                 _keep_failed_attempt(paths, attempt)
             attempt += 1
-        return record
+        return record, active
 
     def attempt(
         self,
@@ -364,22 +532,6 @@ class _Campaign:
         write_json(out / "run.json", record)
         return record
 
-    def rerun_sibling(self, sibling: RunPaths, trace_path: str) -> None:
-        """Repeat a completed sibling repetition on the new node, including its telemetry table."""
-        trace_dir = Path(trace_path).parent.parent / sibling.rep
-        sibling_trace = str(trace_dir / "trace.parquet")
-        campaign = replace(self, settings={**self.settings, "rep": sibling.rep, "faults": []})
-        record = campaign.run_with_retries(sibling, sibling_trace, str(trace_dir / "manifest.json"))
-        _seal(sibling, _measurement_key(campaign.settings, self.deployment, sibling_trace))
-        canonicalize_files(
-            engine=sibling.engine,
-            step_s=self.typed.telemetry.step_s,
-            scrape_path=str(sibling.run_dir / "scrape.parquet"),
-            run_json_path=str(sibling.run_dir / "run.json"),
-            telemetry_path=str(sibling.run_dir / "telemetry.parquet"),
-        )
-        log.info("repeated %s after reclamation: status %s", sibling.run_id, record["status"])
-
 
 def _previous_attempts(paths: RunPaths) -> int:
     """Attempts already kept from an earlier, interrupted invocation: numbering continues."""
@@ -439,39 +591,46 @@ def _reclamation_reason(record: Mapping[str, Any]) -> str:
     return f"node changed during the run: {node.get('start')} -> {node.get('end')}"
 
 
-def _discard_condition(
-    paths: RunPaths, reason: str, faults: list[dict[str, Any]]
-) -> list[RunPaths]:
-    """Move every repetition of (arm, engine, condition) under results/discarded/; return the
-    sibling runs that had completed (they must be repeated)."""
-    root = paths.discard_root
-    root.mkdir(parents=True, exist_ok=True)
-    generation = 1 + max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0)
-    target = root / f"{generation:03d}"
-    target.mkdir()
+def _discard_block(
+    block: BlockPaths,
+    reps: Sequence[RunPaths],
+    interrupted: RunPaths,
+    reason: str,
+    faults: Sequence[Mapping[str, Any]],
+) -> str:
+    """Move every repetition of the block (its run folders, measured or not) into the next
+    generation under results/discarded/{arm}/{engine}/{condition}/, with the reason. Returns the
+    generation's folder name."""
+    target = _next_generation(block.discard_root)
     moved: list[str] = []
-    completed: list[RunPaths] = []
-    run_parent = paths.run_dir.parent
-    for rep_dir in sorted(p for p in run_parent.iterdir() if p.is_dir()):
-        sibling = paths.sibling(rep_dir.name)
-        finished = (rep_dir / "run.json").is_file() and rep_dir.name != paths.rep
-        shutil.move(str(rep_dir), str(target / rep_dir.name))
-        moved.append(rep_dir.name)
-        if finished:
-            completed.append(sibling)
+    for paths in reps:
+        owned = [paths.run_dir / name for name in (*RUN_FILES, "measured", "attempts")]
+        if not any(p.exists() for p in owned):
+            continue
+        keep = target / paths.rep
+        keep.mkdir()
+        for source in owned:
+            if source.exists():
+                shutil.move(str(source), str(keep / source.name))
+        # telemetry.parquet is the telemetry job's output: copied for the record, left in place
+        # (that job derives it again from the repeated measurement).
+        telemetry = paths.run_dir / "telemetry.parquet"
+        if telemetry.is_file():
+            shutil.copy2(telemetry, keep / telemetry.name)
+        moved.append(paths.rep)
     write_json(
         target / "reason.json",
         {
             "reason": reason,
-            "interrupted_run": paths.run_id,
+            "interrupted_run": interrupted.run_id,
             "discarded_reps": moved,
-            "repeated_reps": [s.rep for s in completed],
-            "faults": faults,
+            "repeated_reps": [p.rep for p in reps],
+            "faults": [dict(f) for f in faults],
             "discarded_at_unix_s": round(time.time(), 3),
         },
     )
-    write_text(target / "REASON.txt", f"{reason}\ninterrupted run: {paths.run_id}\n")
-    return completed
+    write_text(target / "REASON.txt", f"{reason}\ninterrupted run: {interrupted.run_id}\n")
+    return target.name
 
 
 def restart_experiment(

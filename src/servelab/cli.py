@@ -18,6 +18,8 @@ COMMANDS = {
     "dispatch": "servelab.dispatch.cli",
     "local": "servelab.deploy.cli",
     "analyze": "servelab.analysis.cli",
+    "table": "servelab.analysis.show",
+    "campaign": "servelab.campaign_cli",
 }
 
 

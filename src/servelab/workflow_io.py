@@ -1,4 +1,5 @@
-"""Helpers for the Snakemake adapters in workflow/scripts: route logging to the rule's log."""
+"""Helpers for the Snakemake side: route an adapter's logging to its rule's log
+(workflow/scripts), and the one line the workflow ends with (the Snakefile's handlers)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import contextlib
 import logging
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
-__all__ = ["log_to"]
+__all__ = ["log_to", "requested_targets", "summary_line"]
+
+# More files than this in one folder are named by the folder and their count (Figures: 28 files).
+FILES_NAMED_PER_FOLDER = 3
 
 
 @contextlib.contextmanager
@@ -32,3 +37,49 @@ def log_to(path: str) -> Iterator[logging.Logger]:
         finally:
             root.removeHandler(handler)
             sys.stderr.flush()
+
+
+def requested_targets(workflow: Any) -> list[str]:
+    """The files the command asked for: a target file itself, a target rule's outputs, or, for a
+    rule without outputs such as `all`, its inputs. `workflow` is the Snakefile's `workflow`."""
+    found: dict[str, None] = {}
+    for job in workflow.dag.targetjobs:
+        found.update(dict.fromkeys(str(f) for f in (job.output or job.input)))
+    return sorted(found)
+
+
+def summary_line(targets: Iterable[str], started_s: float, *, failed: bool = False) -> str:
+    """One line naming what the workflow wrote: targets modified since `started_s` (wall-clock
+    seconds) are written, older ones up to date, absent ones not made (only after a failure)."""
+    written: list[str] = []
+    current: list[str] = []
+    missing: list[str] = []
+    for target in targets:
+        path = Path(target)
+        if not path.exists():
+            missing.append(target)
+        elif path.stat().st_mtime >= started_s:
+            written.append(target)
+        else:
+            current.append(target)
+    parts = [f"wrote {_compact(written)}" if written else "wrote nothing"]
+    if current:
+        parts.append(f"up to date: {_compact(current)}")
+    if missing:
+        parts.append(f"not made: {_compact(missing)}")
+    head = "servelab: some jobs failed (their errors are above); " if failed else "servelab: "
+    return head + "; ".join(parts)
+
+
+def _compact(paths: list[str]) -> str:
+    """Paths in order, a folder's files collapsed into `folder/ (N files)` when there are many."""
+    by_folder: dict[str, list[str]] = {}
+    for p in paths:
+        by_folder.setdefault(str(Path(p).parent), []).append(p)
+    named: list[str] = []
+    for folder, files in by_folder.items():
+        if len(files) > FILES_NAMED_PER_FOLDER:
+            named.append(f"{folder}/ ({len(files)} files)")
+        else:
+            named.extend(files)
+    return ", ".join(named)

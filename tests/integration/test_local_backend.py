@@ -7,6 +7,8 @@ started here is stopped by the module fixture, which then checks none is left.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from servelab import campaign
+from servelab import campaign, identity
 from servelab import config as grid
 from servelab.analysis import load_runs
 from servelab.artifacts import read_parquet, read_run_json
@@ -138,9 +140,6 @@ def execute(root: Path, study: dict, engine: str, backend: str, rep: str = "rep1
         trace_path=str(traces / "trace.parquet"),
         manifest_path=str(traces / "manifest.json"),
         resolved_path=str(root / "deployments" / dep["deployment_id"] / "resolved.json"),
-        requests_path=str(run_dir / "requests.parquet"),
-        scrape_path=str(run_dir / "scrape.parquet"),
-        run_json_path=str(run_dir / "run.json"),
     )
     canonicalize_files(
         engine=engine,
@@ -266,3 +265,62 @@ def test_engine_crash_fails_the_run_and_the_next_run_restarts_it(
     assert again["status"] == "ok"
     assert again["node"]["start"]["node_id"] == failed["node"]["start"]["node_id"]
     assert again["node"]["start"]["instance_id"] != failed["node"]["start"]["instance_id"]
+
+
+def _files(root: Path) -> dict[str, tuple[str, int]]:
+    return {
+        str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
+    results: Path, study: dict, tmp_path: Path
+) -> None:
+    """The block's job, on the local backend: rep2's engine is reclaimed mid-run; both reps are
+    kept under results/discarded/ and measured again; no other file changes."""
+    root = tmp_path / "results"
+    (root / "traces").mkdir(parents=True)
+    (root / "traces" / CONDITION).symlink_to(results / "traces" / CONDITION)
+    dep = deployment(study, "sglang")
+    deploy(root, study, "sglang", "local")
+    config = {**study, "backend": "local", "campaign": {**study["campaign"], "faults": []}}
+    run = {"arm": "defaults", "engine": "sglang", "condition": CONDITION, "offered_load_rps": 3.0}
+    block = campaign.BlockPaths(root, "defaults", "sglang", CONDITION)
+    traces = [root / "traces" / CONDITION / rep for rep in ("rep1", "rep2")]
+    fault = {"run": block.block_id + "/rep2", "kind": "reclaim", "at_s": 2.0}
+    # The local backend's live processes (the engine server a reclamation restarts, with its
+    # state file and log, and Prometheus): runtime state, not artifacts.
+    live = "deployments/" + dep["deployment_id"]
+    state = (f"{live}/local", f"{live}/server", "deployments/_prometheus")
+    before = {k: v for k, v in _files(root).items() if not k.startswith(state)}
+    record = campaign.execute_block(
+        identity={
+            "deployment": identity.deployment_identity(config, dep),
+            "run": identity.run_identity(config, run),
+            "reps": ["rep1", "rep2"],
+        },
+        operational=identity.operational_settings(config),
+        faults=[fault],
+        results_dir=str(root),
+        traces=[str(t / "trace.parquet") for t in traces],
+        manifests=[str(t / "manifest.json") for t in traces],
+        resolved_path=str(root / "deployments" / dep["deployment_id"] / "resolved.json"),
+        block_json_path=str(block.block_json),
+    )
+    after = _files(root)
+    assert {k: after.get(k) for k in before} == before
+    owned = ("runs/defaults/sglang/" + CONDITION + "/", "discarded/defaults/sglang/" + CONDITION)
+    assert all(k.startswith(owned + state) for k in set(after) - set(before))
+    assert record["discarded"] == ["001"]
+    assert {rep: r["status"] for rep, r in record["reps"].items()} == {"rep1": "ok", "rep2": "ok"}
+    generation = block.discard_root / "001"
+    kept = json.loads((generation / "reason.json").read_text())
+    assert kept["interrupted_run"] == fault["run"] and kept["discarded_reps"] == ["rep1", "rep2"]
+    assert read_run_json(generation / "rep1" / "run.json")["status"] == "ok"
+    interrupted = read_run_json(generation / "rep2" / "measured" / "run.json")
+    assert interrupted["status"] == "interrupted" and interrupted["backend"] == "local"
+    for rep in ("rep1", "rep2"):
+        again = read_run_json(block.run(rep).run_dir / "run.json")
+        assert again["status"] == "ok" and again["node"]["start"] == again["node"]["end"]

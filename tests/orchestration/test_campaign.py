@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -80,33 +81,57 @@ def test_a_run_that_keeps_failing_is_recorded_and_the_campaign_goes_on(workdir):
     assert read_run(workdir, SGLANG1)["status"] == "ok"
 
 
-def test_reclamation_discards_and_repeats_every_repetition_of_the_condition(workdir):
-    # rep1 completes first; the node is reclaimed 20 s into rep2.
-    assert workdir.snakemake(target(VLLM1)).returncode == 0
-    first_rep1 = read_run(workdir, VLLM1)
+def snapshot(root) -> dict:
+    """(bytes' SHA-256, mtime) of every file under `root`, but Snakemake's own bookkeeping."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.is_file() and rel.parts[0] != ".snakemake":
+            out[str(rel)] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
+    return out
+
+
+def test_reclamation_discards_and_repeats_the_block_touching_nothing_else(workdir):
+    # SGLang's block is measured first; then vLLM's, whose node is reclaimed 20 s into rep2.
+    sglang = [target(SGLANG1), target("defaults/sglang/rate-0.28/rep2")]
+    assert workdir.snakemake(*sglang).returncode == 0
     workdir.config["campaign"]["faults"] = [{"run": VLLM2, "kind": "reclaim", "at_s": 20}]
     workdir.write_config()
-    result = workdir.snakemake(target(VLLM2))
+    before = snapshot(workdir.path)
+    result = workdir.snakemake(target(VLLM2, "run.json"))
     assert result.returncode == 0, result.stderr[-3000:]
+    after = snapshot(workdir.path)
+
+    # Only the executing jobs' own files are new (the vLLM deployment and its block: declared
+    # outputs, measured/ and attempts/ records, the discarded generation, logs); nothing that
+    # existed before changed, bytes or mtime.
+    assert {k: v for k, v in after.items() if k in before} == before
+    block = "results/runs/defaults/vllm/rate-0.28/"
+    new = sorted(set(after) - set(before))
+    allowed = (block, "results/discarded/defaults/vllm/rate-0.28/", "results/logs/")
+    deployment = ("results/deployments/defaults-vllm-", "results/manifests/defaults-vllm-")
+    assert all(k.startswith(allowed + deployment) for k in new), new
 
     discarded = workdir.path / "results" / "discarded" / "defaults" / "vllm" / "rate-0.28"
     generations = sorted(p for p in discarded.iterdir() if p.is_dir())
-    assert len(generations) == 1
+    assert [g.name for g in generations] == ["001"]
     reason = json.loads((generations[0] / "reason.json").read_text())
     assert reason["interrupted_run"] == VLLM2
-    assert sorted(reason["discarded_reps"]) == ["rep1", "rep2"]
-    assert reason["repeated_reps"] == ["rep1"]
+    assert reason["discarded_reps"] == ["rep1", "rep2"]
+    assert reason["repeated_reps"] == ["rep1", "rep2"]
     assert "reclaim" in reason["reason"] or "node" in reason["reason"]
-    # The discarded logs are kept, with the interrupted attempt.
-    assert json.loads((generations[0] / "rep1" / "run.json").read_text()) == first_rep1
+    assert reason["faults"] == [{"run": VLLM2, "kind": "reclaim", "at_s": 20}]
+    # The discarded measurements are kept: rep1 complete, rep2's interrupted attempt.
+    assert json.loads((generations[0] / "rep1" / "run.json").read_text())["status"] == "ok"
     interrupted = generations[0] / "rep2" / "measured" / "run.json"  # never published
     assert json.loads(interrupted.read_text())["status"] == "interrupted"
-    # Both repetitions were measured again and are complete.
+    # Both repetitions were measured again, within the same job, and are complete.
     for run_id in (VLLM1, VLLM2):
-        run = read_run(workdir, run_id)
-        assert run["status"] == "ok"
-        assert (workdir.run_dir(run_id) / "telemetry.parquet").is_file()
-    # The injected reclamation fires once: running again changes nothing.
+        assert read_run(workdir, run_id)["status"] == "ok"
+    record = json.loads((workdir.path / block / "block.json").read_text())
+    assert record["discarded"] == ["001"]
+    assert {rep: r["status"] for rep, r in record["reps"].items()} == {"rep1": "ok", "rep2": "ok"}
+    # The injected reclamation fires once: running again (with telemetry) adds no discard.
     again = workdir.snakemake(target(VLLM1), target(VLLM2))
     assert again.returncode == 0
     assert len(sorted(p for p in discarded.iterdir() if p.is_dir())) == 1

@@ -242,7 +242,7 @@ def rule_paths() -> dict[str, str]:
 def test_the_file_name_finders_find_the_known_artifacts() -> None:
     names, paths = code_file_names(), rule_paths()
     assert {"run.json", "scrape.parquet", "measurement.key", "reason.json"} <= set(names)
-    assert "results/runs/{arm}/{engine}/{condition}/{rep}/requests.parquet" in paths
+    assert "results/runs/{arm}/{engine}/{condition}/block.json" in paths
 
 
 def test_every_file_the_code_names_is_in_the_doc(doc: str) -> None:

@@ -7,7 +7,11 @@ Regenerate the golden files with `UPDATE_GOLDENS=1 pytest tests/unit/test_k8s_ma
 from __future__ import annotations
 
 import copy
+import dataclasses
+import fnmatch
 import os
+import shutil
+import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -15,17 +19,24 @@ import kubernetes_validate
 import pytest
 import yaml
 
+import servelab
 from servelab.config import ConfigError, deployment_for, runs, validate_config
 from servelab.deploy.manifests import (
     DEFAULTS,
+    ENGINE_COMMANDS,
     MANIFEST_FILES,
     ManifestError,
+    deployment_templates,
     load_rendered,
     render_deployment,
     render_for,
     resolve_settings,
+    template_files,
+    templates_dir,
     write_rendered,
 )
+from servelab.identity import MANIFEST_KEYS
+from servelab.settings import KubernetesSettings
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "manifests"
@@ -373,7 +384,7 @@ def test_no_secret_value_reaches_a_manifest(monkeypatch: pytest.MonkeyPatch, stu
 
 def test_write_rendered_is_atomic_and_removes_stale_files(tmp_path: Path, rendered: dict) -> None:
     did, files = next(iter(sorted(rendered.items())))
-    out = tmp_path / "manifests" / "rendered" / did
+    out = tmp_path / "results" / "manifests" / did
     out.mkdir(parents=True)
     (out / "old-object.yaml").write_text("stale")
     (out / "notes.txt").write_text("kept: not a manifest")
@@ -430,3 +441,122 @@ def test_example_config_merges_into_a_valid_kubernetes_config(study: dict) -> No
     assert merged["backend"] == "kubernetes"
     assert merged["campaign"]["pause_between_runs_s"] == 30
     assert merged["conditions"] == study["conditions"]  # the grid itself is untouched
+
+
+# ----------------------------------------------------------------------------- templates
+
+
+def test_templates_are_package_data_found_through_the_package() -> None:
+    folder = templates_dir()
+    package = Path(servelab.__file__).parent
+    assert folder == package / "deploy" / "templates"
+    # Every template ships with a normal (non-editable) install: package-data names it.
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["servelab"]
+    templates = sorted(folder.glob("*.j2"))
+    assert templates
+    for path in templates:
+        relative = path.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(relative, glob) for glob in globs), relative
+
+
+def test_each_engine_renders_from_its_own_templates_where_it_has_them() -> None:
+    assert deployment_templates("vllm") == MANIFEST_FILES
+    sglang = deployment_templates("sglang")
+    assert sglang["deployment.yaml"] == "deployment.sglang.yaml.j2"
+    assert {k: v for k, v in sglang.items() if k != "deployment.yaml"} == {
+        k: v for k, v in MANIFEST_FILES.items() if k != "deployment.yaml"
+    }
+    names = {engine: {p.name for p in template_files(engine)} for engine in ENGINE_COMMANDS}
+    # SGLang's deployment extends the common one: both are its inputs; vLLM never reads SGLang's.
+    assert names["sglang"] == {*MANIFEST_FILES.values(), "deployment.sglang.yaml.j2"}
+    assert names["vllm"] == set(MANIFEST_FILES.values())
+    # No template lies unused: each is an input of some engine's deployments.
+    assert set().union(*names.values()) == {p.name for p in templates_dir().glob("*.j2")}
+
+
+def test_template_files_follow_extends_and_includes(tmp_path: Path) -> None:
+    folder = tmp_path / "templates"
+    shutil.copytree(templates_dir(), folder)
+    (folder / "service.toy.yaml.j2").write_text(
+        '{% extends "service.yaml.j2" %}\n{% block x %}{% include "toy-ports.j2" %}{% endblock %}\n'
+    )
+    (folder / "toy-ports.j2").write_text("# ports\n")
+    names = {p.name for p in template_files("toy", folder)}
+    assert {"service.toy.yaml.j2", "service.yaml.j2", "toy-ports.j2"} <= names
+    assert "deployment.sglang.yaml.j2" not in names
+    # A name computed at render time cannot be declared as a rule input: refused, not guessed.
+    (folder / "service.toy.yaml.j2").write_text("{% include engine ~ '.j2' %}\n")
+    with pytest.raises(ManifestError, match="only known at render time"):
+        template_files("toy", folder)
+    (folder / "service.toy.yaml.j2").write_text('{% include "missing.j2" %}\n')
+    with pytest.raises(ManifestError, match=r"'missing\.j2' not found"):
+        template_files("toy", folder)
+
+
+def test_an_edited_engine_template_changes_only_that_engines_manifests(
+    tmp_path: Path, study: dict
+) -> None:
+    folder = tmp_path / "templates"
+    shutil.copytree(templates_dir(), folder)
+    own = folder / "deployment.sglang.yaml.j2"
+    own.write_text(own.read_text().replace("is too small.", "is too small (edited)."))
+    changed = set()
+    for did, d in _study_deployments(study).items():
+        spec = study["engines"][d.engine]
+        kwargs = dict(
+            deployment_id=did,
+            engine=d.engine,
+            image=spec["image"],
+            port=int(spec["port"]),
+            flags=list(d.flags),
+            namespace="servelab",
+            k8s_settings=study["kubernetes"],
+        )
+        if render_deployment(**kwargs, templates=folder) != render_deployment(**kwargs):
+            changed.add(d.engine)
+    assert changed == {"sglang"}
+
+
+# A changed value for every key of the kubernetes section (a new key fails here until it has one).
+_CHANGED_SETTING = {
+    "kubeconfig": "/elsewhere/kubeconfig",
+    "context": "other-cluster",
+    "namespace": "bench",
+    "run_label": "campaign-7",
+    "node_selector": {"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"},
+    "gpu_resource": "amd.com/gpu",
+    "gpu_taint_key": "amd.com/gpu",
+    "resources": {"cpu": "8"},
+    "image_pull_policy": "Always",
+    "termination_grace_period_s": 60,
+    "node_watch_s": 1,
+    "model_volume": {"size": "100Gi"},
+    "hf_token_secret": {"name": "hub"},
+    "readiness_probe": {"period_s": 20},
+    "sglang_shm_size": "20Gi",
+    "pod_monitor": {"interval": "10s"},
+    "engine_url": "http://{service}:{port}",
+    "metrics_selector": {"pod": "{deployment_id}"},
+    "timeouts": {"poll_s": 7},
+}
+
+
+def test_exactly_the_manifest_keys_reach_a_manifest(study: dict) -> None:
+    """servelab.identity.MANIFEST_KEYS are the render rule's params: a key left out would not
+    re-render when changed, a key put in would re-render (and redeploy) for nothing."""
+    assert set(_CHANGED_SETTING) == {f.name for f in dataclasses.fields(KubernetesSettings)}
+    deployments = list(_study_deployments(study).values())
+    assert {d.engine for d in deployments} == set(ENGINE_COMMANDS)
+
+    def render_all(k8s: dict) -> list[dict[str, str]]:
+        return [render_for({**study, "kubernetes": k8s}, d) for d in deployments]
+
+    baseline = render_all(study["kubernetes"])
+    reaching = {
+        key
+        for key, value in _CHANGED_SETTING.items()
+        if render_all({**study["kubernetes"], key: value}) != baseline
+    }
+    assert reaching == set(MANIFEST_KEYS)

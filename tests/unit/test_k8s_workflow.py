@@ -102,7 +102,7 @@ def test_deploy_rule_on_the_kubernetes_backend(tmp_path: Path) -> None:
     assert (resolved["chunked_prefill"], resolved["backend"]) == (False, "kubernetes")
     log = (work / "results/deployments" / good.id / "startup.log").read_text()
     assert "vLLM API server version dev" in log
-    assert (work / "manifests/rendered" / f"{good.id}.yaml").is_file()
+    assert (work / "results/manifests" / f"{good.id}.yaml").is_file()
     assert not (work / "results/deployments" / bad.id / "resolved.json").exists()
     rule_log = (work / "results/logs/deployments" / f"{bad.id}.deploy.log").read_text()
     assert "ResolvedConfigMismatch" in rule_log and "chunked_prefill_enabled=False" in rule_log

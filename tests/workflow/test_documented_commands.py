@@ -414,8 +414,6 @@ def scratch_copy(dest: Path) -> Path:
         ignored = {n for n in names if n in skip or n.endswith(".egg-info")}
         if here == REPO:
             ignored |= {"results", "report.html", "logs"}
-        if here == REPO / "manifests":
-            ignored.add("rendered")
         return ignored
 
     shutil.copytree(REPO, dest, ignore=ignore, symlinks=True)

@@ -51,7 +51,7 @@ def test_dry_run_of_the_full_grid_expands_every_run():
     result = snakemake("-n", "--forceall", "all", "results/table5.csv")
     assert result.returncode == 0, result.stderr
     counts = job_counts(result.stdout)
-    assert counts["run"] == 99
+    assert counts["run"] == 33  # blocks: (arm, engine, condition), 3 repetitions each
     assert counts["telemetry"] == 99
     assert (
         counts["compile_trace"] == 39
@@ -63,7 +63,8 @@ def test_dry_run_of_table5_needs_exactly_its_36_runs():
     result = snakemake("-n", "--forceall", "results/table5.csv")
     assert result.returncode == 0, result.stderr
     counts = job_counts(result.stdout)
-    assert counts["run"] == 36
+    assert counts["run"] == 12  # its 36 runs, in blocks of 3 repetitions
+    assert counts["telemetry"] == 36
     assert counts["compile_trace"] == 9
 
 
@@ -85,4 +86,6 @@ def test_invalid_config_stops_before_any_job_naming_the_key(override, key, tmp_p
 def test_a_grid_point_outside_the_config_is_not_a_target():
     result = snakemake("-n", "results/runs/matched/sglang/rate-0.20/rep1/run.json")
     assert result.returncode != 0
-    assert "not a run of the configured grid" in result.stderr + result.stdout
+    assert "matched/sglang/rate-0.20 is not a block of the configured grid" in (
+        result.stderr + result.stdout
+    )

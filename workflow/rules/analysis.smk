@@ -17,6 +17,8 @@ rule table3:
         number=3,
         settings=analysis_settings(),
         run_dirs=run_dirs(RUNS),
+    message:
+        "Table 3 (requests per run) -> {output.csv}"
     script:
         "../scripts/table.py"
 
@@ -36,6 +38,8 @@ rule table4:
         number=4,
         settings=analysis_settings(),
         run_dirs=run_dirs(table4_runs()),
+    message:
+        "Table 4 (SGLang under defaults and matched) -> {output.csv}"
     script:
         "../scripts/table.py"
 
@@ -56,6 +60,8 @@ rule table5:
         number=5,
         settings=analysis_settings(),
         run_dirs=run_dirs(table5_runs()),
+    message:
+        "Table 5 (the decomposition) -> {output.csv}"
     script:
         "../scripts/table.py"
 
@@ -75,6 +81,8 @@ rule table6:
         number=6,
         settings=analysis_settings(),
         run_dirs=run_dirs(table5_runs()),
+    message:
+        "Table 6 (TTFT dispersion) -> {output.csv}"
     script:
         "../scripts/table.py"
 
@@ -97,6 +105,8 @@ rule figures:
         settings=analysis_settings(),
         run_dirs=run_dirs(RUNS),
         out_dir=figure_dir,
+    message:
+        "Figures 1 and 6-14"
     script:
         "../scripts/figures.py"
 
@@ -119,6 +129,8 @@ rule numbers:
     params:
         settings=analysis_settings(),
         run_dirs=run_dirs(RUNS),
+    message:
+        "numbers.json and analysis notes -> {output.numbers}"
     script:
         "../scripts/numbers.py"
 
@@ -137,6 +149,8 @@ rule checksums:
         "../../environment.yml"
     params:
         results_dir=results_dir_of_checksums,
+    message:
+        "checksums of every analysis output -> {output.checksums}"
     script:
         "../scripts/checksums.py"
 
@@ -161,5 +175,7 @@ rule verify:
     params:
         settings=analysis_settings(),
         run_dirs=run_dirs(RUNS),
+    message:
+        "re-analyse from the run logs and compare byte for byte -> {output.verified}"
     script:
         "../scripts/verify.py"

@@ -7,6 +7,9 @@ from pathlib import Path
 from snakemake.io import report as for_report
 
 import servelab.config as grid
+import servelab.deploy.manifests as manifests
+import servelab.campaign_status as status
+import servelab.identity as identity
 from servelab.config import ConfigError
 
 try:
@@ -84,14 +87,25 @@ def deployment_spec(wildcards):
     return deployment_params(DEPLOYMENTS[wildcards.deployment])
 
 
+def deployment_identity(wildcards):
+    return identity.deployment_identity(config, deployment_spec(wildcards))
+
+
+def manifest_templates(wildcards):
+    """The package's template files the deployment is rendered from (render_manifests' inputs):
+    editing one re-renders, and so redeploys, exactly the deployments that use it."""
+    engine = DEPLOYMENTS[wildcards.deployment].engine
+    return [str(path) for path in manifests.template_files(engine)]
+
+
 def run_deployment_spec(wildcards):
     return deployment_params(deployment_of(wildcards))
 
 
 def run_resolved_config(wildcards):
-    run_id = f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep}"
-    if run_id not in RUN_IDS:
-        raise ValueError(f"{run_id} is not a run of the configured grid")
+    block_id = f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition}"
+    if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, REPS[0]):
+        raise ValueError(f"{block_id} is not a block of the configured grid")
     return rules.deploy.output.resolved.format(deployment=deployment_of(wildcards).id)
 
 
@@ -107,44 +121,76 @@ def is_run(arm, engine, condition, rep):
     return f"{arm}/{engine}/{condition}/{rep}" in RUN_IDS
 
 
-def run_settings(wildcards):
+# A run's files: written by its block's run job (requests, scrape, run.json) or its telemetry job.
+RUN_DIR = "results/runs/{arm}/{engine}/{condition}/{rep}"
+
+
+def run_file(name):
+    return f"{RUN_DIR}/{name}"
+
+
+def block_outputs(name):
+    """The file `name` of every repetition of the block being matched ({arm}, {engine},
+    {condition} stay wildcards)."""
+    return expand(
+        run_file(name)
+        .replace("{arm}", "{{arm}}")
+        .replace("{engine}", "{{engine}}")
+        .replace("{condition}", "{{condition}}"),
+        rep=REPS,
+    )
+
+
+def block_inputs(name):
+    """The trace file `name` of each repetition, in REPS order."""
+
+    def inputs(wildcards):
+        return [
+            rules.compile_trace.output[name].format(condition=wildcards.condition, rep=rep)
+            for rep in REPS
+        ]
+
+    return inputs
+
+
+def block_identity(wildcards):
+    """What defines the block's measurements (servelab.identity): the deployment, the run
+    settings that are identity, and its repetitions. Operational settings are not params."""
     condition = CONDITIONS[wildcards.condition]
-    return {
-        "backend": config["backend"],
+    if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, REPS[0]):
+        raise ValueError(
+            f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition} is not a block of the grid"
+        )
+    run = {
         "arm": wildcards.arm,
         "engine": wildcards.engine,
         "condition": wildcards.condition,
-        "rep": wildcards.rep,
         "offered_load_rps": grid.offered_load(condition, config["workload"]["workers_per_graph"]),
-        "gpu": config["gpu"],
-        "model": config["model"],
-        "dispatch": config["dispatch"],
-        "campaign": config["campaign"],
-        "telemetry": config["telemetry"],
-        "faults": [
-            fault
-            for fault in config["campaign"].get("faults", [])
-            if fault["run"]
-            == f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep}"
-        ],
-        "kubernetes": config.get("kubernetes", {}),
+    }
+    return {
+        "deployment": identity.deployment_identity(config, run_deployment_spec(wildcards)),
+        "run": identity.run_identity(config, run),
+        "reps": list(REPS),
     }
 
 
 def results_root(wildcards, output):
-    """The results folder a run's outputs live under (results/runs/{arm}/{engine}/{condition}/{rep})."""
-    return str(Path(output.run_json).parents[5])
+    """The results folder a block's outputs live under (results/runs/{arm}/{engine}/{condition})."""
+    return str(Path(output.block).parents[4])
+
+
+RUN_FILE_NAMES = {
+    "requests": "requests.parquet",
+    "run_json": "run.json",
+    "telemetry": "telemetry.parquet",
+}
 
 
 def run_files(name, runs):
-    """The file `name` of each listed run: wired through the rules that write it."""
-    source = {
-        "requests": rules.run.output.requests,
-        "run_json": rules.run.output.run_json,
-        "telemetry": rules.telemetry.output.telemetry,
-    }[name]
+    """The file `name` (requests, run_json or telemetry) of each listed run."""
+    pattern = run_file(RUN_FILE_NAMES[name])
     return [
-        source.format(arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep)
+        pattern.format(arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep)
         for run in runs
     ]
 
@@ -168,22 +214,15 @@ def run_dirs(runs):
 
 def paired_conditions():
     """Conditions measured by both engines in both arms: the rows of Tables 4-6."""
-    arms = list(config["arms"])
-    return [
-        condition
-        for condition in CONDITIONS
-        if all(
-            is_run(arm, engine, condition, REPS[0]) for arm in arms for engine in config["engines"]
-        )
-    ]
+    return status.paired_conditions(config)
 
 
 def table5_runs():
-    return runs_where(conditions=paired_conditions())
+    return status.target_runs(config, "table5")
 
 
 def table4_runs():
-    return runs_where(conditions=paired_conditions(), engines=["sglang"])
+    return status.target_runs(config, "table4")
 
 
 def trace_manifests():

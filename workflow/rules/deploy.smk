@@ -4,16 +4,19 @@
 
 
 rule render_manifests:
+    input:
+        templates=manifest_templates,
     output:
-        manifest="manifests/rendered/{deployment}.yaml",
+        manifest="results/manifests/{deployment}.yaml",
     log:
         "results/logs/deployments/{deployment}.render.log",
     conda:
         "../../environment.yml"
     params:
         deployment=deployment_spec,
-        namespace=config.get("kubernetes", {}).get("namespace", "servelab"),
-        kubernetes=config.get("kubernetes", {}),
+        # Only the kubernetes settings written into a manifest (servelab.identity): a timeout or
+        # the kubeconfig re-renders nothing.
+        kubernetes=identity.manifest_settings(config),
     script:
         "../scripts/render_manifests.py"
 
@@ -31,11 +34,9 @@ rule deploy:
     resources:
         gpu_slots=1,
     params:
-        deployment=deployment_spec,
-        backend=config["backend"],
-        gpu=config["gpu"],
-        model=config["model"],
-        kubernetes=config.get("kubernetes", {}),
+        # What defines the deployment (servelab.identity); the cluster's whereabouts and the
+        # waits are operational, read when the job runs.
+        identity=deployment_identity,
     message:
         "deploy {wildcards.deployment} and confirm its resolved configuration"
     script:

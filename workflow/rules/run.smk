@@ -1,28 +1,33 @@
-# One measured run: dispatch the trace to the deployed engine (retrying failed attempts, keeping
-# each), record the raw engine-metric window, and the run record with its success check.
+# One block: every repetition of one (arm, engine, condition), measured by one job (retrying failed
+# attempts, keeping each; on a reclaimed node, discarding and repeating the whole block), with the
+# raw engine-metric window and the run record of each repetition. Only the settings that define a
+# measurement are params (servelab.identity); operational ones are read when the job runs.
 
 
 rule run:
     input:
-        trace=rules.compile_trace.output.trace,
-        manifest=rules.compile_trace.output.manifest,
+        traces=block_inputs("trace"),
+        manifests=block_inputs("manifest"),
+        # A redeployment re-plans the block, but each repetition's sealed measurement is
+        # published again, not re-measured, while the deployment's identity and the
+        # configuration it resolved are the same (they are in the measurement's key).
         resolved=run_resolved_config,
     output:
-        requests="results/runs/{arm}/{engine}/{condition}/{rep}/requests.parquet",
-        scrape="results/runs/{arm}/{engine}/{condition}/{rep}/scrape.parquet",
-        run_json="results/runs/{arm}/{engine}/{condition}/{rep}/run.json",
+        requests=block_outputs("requests.parquet"),
+        scrape=block_outputs("scrape.parquet"),
+        run_json=block_outputs("run.json"),
+        block="results/runs/{arm}/{engine}/{condition}/block.json",
     log:
-        "results/logs/runs/{arm}/{engine}/{condition}/{rep}.log",
+        "results/logs/runs/{arm}/{engine}/{condition}.log",
     priority: run_priority
     conda:
         "../../environment.yml"
     resources:
         gpu_slots=1,
     params:
-        settings=run_settings,
-        deployment=run_deployment_spec,
+        identity=block_identity,
         results_dir=results_root,
     message:
-        "run {wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep}"
+        "run every repetition of {wildcards.arm}/{wildcards.engine}/{wildcards.condition}"
     script:
         "../scripts/run.py"

@@ -4,10 +4,11 @@
 
 rule telemetry:
     input:
-        scrape=rules.run.output.scrape,
-        run_json=rules.run.output.run_json,
+        # written by the run job of the repetition's block
+        scrape=run_file("scrape.parquet"),
+        run_json=run_file("run.json"),
     output:
-        telemetry="results/runs/{arm}/{engine}/{condition}/{rep}/telemetry.parquet",
+        telemetry=run_file("telemetry.parquet"),
     log:
         "results/logs/telemetry/{arm}/{engine}/{condition}/{rep}.log",
     conda:
@@ -15,5 +16,7 @@ rule telemetry:
     params:
         engine="{engine}",
         step_s=config["telemetry"]["step_s"],
+    message:
+        "telemetry of {wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep}"
     script:
         "../scripts/telemetry.py"

@@ -17,5 +17,7 @@ rule compile_trace:
         seed=trace_seed,
         workload=config["workload"],
         tokenizer=config["tokenizer"],
+    message:
+        "compile and validate the trace of {wildcards.condition}/{wildcards.rep}"
     script:
         "../scripts/compile_trace.py"

@@ -6,7 +6,7 @@ from servelab.workflow_io import log_to
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     render_manifests(
         deployment=dict(snakemake.params.deployment),
-        namespace=snakemake.params.namespace,
+        namespace=snakemake.params.kubernetes["namespace"],
         kubernetes=dict(snakemake.params.kubernetes),
         manifest_path=snakemake.output.manifest,
     )

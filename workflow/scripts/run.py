@@ -1,17 +1,19 @@
-"""Snakemake adapter: one measured run, with retries and reclamation handling."""
+"""Snakemake adapter: one block (every repetition of one arm, engine and condition)."""
 
-from servelab.campaign import execute_run
+from servelab.campaign import execute_block
+from servelab.identity import operational_settings
 from servelab.workflow_io import log_to
 
-with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
-    execute_run(
-        settings=dict(snakemake.params.settings),
-        deployment=dict(snakemake.params.deployment),
+# `snakemake` is injected by Snakemake. Operational settings are read from the workflow's config
+# when the job runs, deliberately not through params: changing one must re-measure nothing.
+with log_to(snakemake.log[0]):
+    execute_block(
+        identity=dict(snakemake.params.identity),
+        operational=operational_settings(snakemake.config),
+        faults=list(snakemake.config["campaign"].get("faults", [])),
         results_dir=snakemake.params.results_dir,
-        trace_path=snakemake.input.trace,
-        manifest_path=snakemake.input.manifest,
+        traces=list(snakemake.input.traces),
+        manifests=list(snakemake.input.manifests),
         resolved_path=snakemake.input.resolved,
-        requests_path=snakemake.output.requests,
-        scrape_path=snakemake.output.scrape,
-        run_json_path=snakemake.output.run_json,
+        block_json_path=snakemake.output.block,
     )

@@ -1,4 +1,4 @@
-"""Render the Kubernetes objects of one engine deployment from manifests/templates/ (jinja2).
+"""Render the Kubernetes objects of one engine deployment from the package's jinja2 templates.
 
 One deployment (arm, engine, flags) becomes four objects, one YAML file each:
 
@@ -15,6 +15,13 @@ One deployment (arm, engine, flags) becomes four objects, one YAML file each:
 Rendering is pure: the same inputs give byte-identical text, and nothing is read from the
 environment (in particular no secret value: the token is referenced by Secret name and key only).
 Settings come from the config's `kubernetes:` section; `resolve_settings` fills in DEFAULTS.
+
+The templates are package data, `servelab/deploy/templates/*.yaml.j2`, found through the import
+system (`templates_dir`). Each object has a common template, `<object>.yaml.j2`; an engine that
+needs more has its own `<object>.<engine>.yaml.j2`, which extends the common one (SGLang's
+deployment adds /dev/shm). `template_files(engine)` lists every file a deployment of that engine
+is rendered from: the workflow's render rule declares them as inputs, so editing one re-renders
+exactly the deployments that use it.
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from functools import cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import yaml
 
 from servelab.artifacts import write_text
@@ -38,20 +47,19 @@ __all__ = [
     "DEFAULTS",
     "ENGINE_COMMANDS",
     "MANIFEST_FILES",
-    "TEMPLATES_DIR",
     "ManifestError",
+    "deployment_templates",
     "labels_for",
     "load_rendered",
     "render_deployment",
     "render_for",
     "resolve_settings",
+    "template_files",
+    "templates_dir",
     "write_rendered",
 ]
 
-# manifests/templates/ at the repository root (src/servelab/deploy/manifests.py -> parents[3]).
-TEMPLATES_DIR = Path(__file__).resolve().parents[3] / "manifests" / "templates"
-
-# File name -> template, in the order the objects are applied (the volume before its user).
+# File name -> common template, in the order the objects are applied (the volume before its user).
 MANIFEST_FILES = {
     "persistentvolumeclaim.yaml": "persistentvolumeclaim.yaml.j2",
     "service.yaml": "service.yaml.j2",
@@ -93,6 +101,57 @@ def resolve_settings(k8s_settings: Mapping[str, Any] | None) -> dict[str, Any]:
         return KubernetesSettings.from_section(k8s_settings).as_dict()
     except SettingsError as exc:
         raise ManifestError(str(exc)) from exc
+
+
+def templates_dir() -> Path:
+    """The folder of the imported servelab's templates (editable install: the source tree).
+
+    Through the import system, not a path relative to this file: whichever servelab Python
+    imports (site-packages, an editable install, a PYTHONPATH copy) renders with its own templates.
+    """
+    folder = files("servelab.deploy") / "templates"
+    if not isinstance(folder, Path) or not folder.is_dir():
+        # A zipped install: the workflow needs the templates as files (they are rule inputs).
+        raise ManifestError(f"servelab.deploy has no templates folder on disk ({folder})")
+    return folder
+
+
+def deployment_templates(engine: str, templates: Path | None = None) -> dict[str, str]:
+    """File name -> the template it is rendered from for `engine`, in MANIFEST_FILES order: the
+    engine's own `<object>.<engine>.yaml.j2` where the folder has one, else the common one."""
+    folder = templates_dir() if templates is None else Path(templates)
+    chosen = {}
+    for file_name, common in MANIFEST_FILES.items():
+        own = f"{file_name.removesuffix('.yaml')}.{engine}.yaml.j2"
+        chosen[file_name] = own if (folder / own).is_file() else common
+    return chosen
+
+
+def template_files(engine: str, templates: Path | None = None) -> list[Path]:
+    """Every template file a deployment of `engine` is rendered from, sorted: the chosen ones and
+    each template they extend or include (found by parsing them, so a new `{% extends %}` or
+    `{% include %}` is followed without a list to keep up to date)."""
+    folder = templates_dir() if templates is None else Path(templates)
+    env = _environment(str(folder))
+    pending = list(deployment_templates(engine, folder).values())
+    seen: set[str] = set()
+    while pending:  # ends: each name is parsed once, and the folder holds finitely many
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            source = (folder / name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ManifestError(f"template {name!r} not found under {folder}") from exc
+        for referenced in jinja2.meta.find_referenced_templates(env.parse(source, name)):
+            if referenced is None:
+                raise ManifestError(
+                    f"template {name!r} names a template only known at render time: "
+                    "the render rule could not declare it as an input"
+                )
+            pending.append(referenced)
+    return sorted(folder / name for name in seen)
 
 
 def _q(value: Any) -> str:
@@ -198,16 +257,19 @@ def render_deployment(
     flags: Sequence[str],
     namespace: str,
     k8s_settings: Mapping[str, Any],
-    templates_dir: str | os.PathLike[str] | None = None,
+    templates: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
     """Render one deployment's objects; returns {file name: YAML text} in MANIFEST_FILES order.
+
+    `templates`: the folder to render from (default: the package's, `templates_dir()`).
 
     Deterministic: equal inputs give equal text. Every returned text is checked to parse as one
     YAML mapping of the expected kind.
     """
     _check_inputs(deployment_id, engine, image, port, flags, namespace)
     s = resolve_settings(k8s_settings)
-    env = _environment(str(Path(templates_dir) if templates_dir else TEMPLATES_DIR))
+    folder = templates_dir() if templates is None else Path(templates)
+    env = _environment(str(folder))
     engine_labels = labels_for(deployment_id=deployment_id, engine=engine, image=image, settings=s)
     context = {
         "deployment_id": deployment_id,
@@ -230,7 +292,7 @@ def render_deployment(
         "s": s,
     }
     out: dict[str, str] = {}
-    for file_name, template in MANIFEST_FILES.items():
+    for file_name, template in deployment_templates(engine, folder).items():
         try:
             text = env.get_template(template).render(**context)
         except jinja2.TemplateNotFound as exc:

@@ -1,0 +1,101 @@
+"""servelab.identity: every settings key classified once; identity alone keys a measurement."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from servelab import identity
+from servelab.config import _schema_file
+from servelab.settings import SECTIONS
+
+
+def test_every_settings_key_is_classified_exactly_once() -> None:
+    schema = _schema_file()["properties"]
+    for section, classes in identity.CLASSIFICATION.items():
+        assert set(classes) == set(schema[section]["properties"]), section
+        assert set(classes) == set(SECTIONS[section].__dataclass_fields__) - {"config_key"}, section
+        assert set(classes.values()) <= {identity.IDENTITY, identity.OPERATIONAL}
+
+
+def test_manifest_keys_are_kubernetes_keys() -> None:
+    assert set(identity.MANIFEST_KEYS) <= set(identity.CLASSIFICATION["kubernetes"])
+
+
+RUN = {"arm": "defaults", "engine": "vllm", "condition": "rate-0.28", "offered_load_rps": 1.4}
+
+
+def _key(config: dict[str, Any], resolved: dict[str, Any] | None = None) -> str:
+    deployment = {"deployment_id": "d", "engine": "vllm", "flags": ["--x"], "image": "i@sha256:0"}
+    return identity.measurement_key(
+        trace_sha256="0" * 64,
+        deployment=identity.deployment_identity(config, deployment),
+        run={**identity.run_identity(config, RUN), "rep": "rep1"},
+        resolved=resolved or {"chunked_prefill": False, "chunk_size": None, "evidence": {}},
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("dispatch", "health_timeout_s", 5.0),
+        ("campaign", "retries", 9),
+        ("campaign", "pause_between_runs_s", 600),
+        ("telemetry", "prometheus_url", "http://127.0.0.1:1"),
+    ],
+)
+def test_an_operational_key_leaves_the_measurement_key(
+    study_config: dict[str, Any], section: str, key: str, value: Any
+) -> None:
+    changed = copy.deepcopy(study_config)
+    changed[section][key] = value
+    assert _key(changed) == _key(study_config)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("dispatch", "request_timeout_s", 1.0),
+        ("dispatch", "client", "httpx"),
+        ("campaign", "success_threshold", 0.5),
+        ("telemetry", "step_s", 9.0),
+    ],
+)
+def test_an_identity_key_changes_the_measurement_key(
+    study_config: dict[str, Any], section: str, key: str, value: Any
+) -> None:
+    changed = copy.deepcopy(study_config)
+    changed[section][key] = value
+    assert _key(changed) != _key(study_config)
+
+
+def test_kubernetes_settings_never_key_a_measurement(study_config: dict[str, Any]) -> None:
+    changed = copy.deepcopy(study_config)
+    changed["kubernetes"] = {"kubeconfig": "/k", "timeouts": {"poll_s": 1}, "namespace": "n"}
+    assert _key(changed) == _key(study_config)
+
+
+def test_a_default_spelled_out_changes_nothing(study_config: dict[str, Any]) -> None:
+    without = copy.deepcopy(study_config)
+    without["dispatch"].pop("client", None)
+    with_default = copy.deepcopy(without)
+    with_default["dispatch"]["client"] = "paced"
+    assert _key(without) == _key(with_default)
+
+
+def test_the_resolved_values_key_the_measurement_not_their_log_lines(
+    study_config: dict[str, Any],
+) -> None:
+    a = {"chunked_prefill": True, "chunk_size": 2048, "evidence": {"chunk_size": "line at 10:00"}}
+    b = {**a, "evidence": {"chunk_size": "line at 11:00"}}
+    assert _key(study_config, a) == _key(study_config, b)
+    assert _key(study_config, a) != _key(study_config, {**a, "chunk_size": 512})
+
+
+def test_operational_settings_fill_defaults(study_config: dict[str, Any]) -> None:
+    ops = identity.operational_settings(study_config)
+    assert ops["kubernetes"]["timeouts"]["poll_s"] == 5.0
+    assert "request_timeout_s" not in ops["dispatch"]
+    assert set(ops["campaign"]) == {"pause_between_runs_s", "retries", "faults"}
