@@ -35,6 +35,7 @@ __all__ = [
     "ArtifactError",
     "atomic_path",
     "file_sha256",
+    "next_generation_dir",
     "read_json",
     "read_parquet",
     "read_run_json",
@@ -223,6 +224,23 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def next_generation_dir(root: str | os.PathLike[str]) -> Path:
+    """The next free NNN folder under `root` (001, 002, ...), created: where a moved-aside
+    measurement (discarded, superseded, redone) or a kept start-up log goes. Creating it claims it,
+    so two writers never share one."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    number = 1 + max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0)
+    while True:
+        folder = root / f"{number:03d}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            number += 1
+            continue
+        return folder
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

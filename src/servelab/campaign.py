@@ -32,6 +32,7 @@ from servelab.artifacts import (
     REQUESTS_SCHEMA,
     SCRAPE_SCHEMA,
     file_sha256,
+    next_generation_dir,
     read_json,
     read_parquet,
     read_run_json,
@@ -104,7 +105,7 @@ def deploy(
     if backend != "sim":
         # A real engine's start-up log is a measurement too: every one is kept (a forced
         # redeployment replaces the declared startup.log, never this copy).
-        archive = _next_generation(Path(startup_log_path).parent / "startups")
+        archive = next_generation_dir(Path(startup_log_path).parent / "startups")
         os.link(startup_log_path, archive / "startup.log")
     text = Path(startup_log_path).read_text(encoding="utf-8", errors="replace")
     parsed = parse_startup_log(text, engine=deployment["engine"])
@@ -352,7 +353,7 @@ def _supersede(paths: RunPaths, old_key: str, new_key: str, backend: str) -> Non
         shutil.rmtree(paths.measured_dir)
         return
     root = paths.results_dir / "superseded" / paths.run_id
-    target = _next_generation(root)
+    target = next_generation_dir(root)
     shutil.move(str(paths.measured_dir), str(target / "measured"))
     if (paths.run_dir / "attempts").is_dir():
         shutil.move(str(paths.run_dir / "attempts"), str(target / "attempts"))
@@ -367,15 +368,6 @@ def _supersede(paths: RunPaths, old_key: str, new_key: str, backend: str) -> Non
         },
     )
     log.warning("run %s: identity changed; the old measurement is kept in %s", paths.run_id, target)
-
-
-def _next_generation(root: Path) -> Path:
-    """root/NNN, the next free generation (001, 002, ...), created."""
-    root.mkdir(parents=True, exist_ok=True)
-    number = 1 + max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0)
-    target = root / f"{number:03d}"
-    target.mkdir()
-    return target
 
 
 @dataclass(frozen=True)
@@ -601,7 +593,7 @@ def _discard_block(
     """Move every repetition of the block (its run folders, measured or not) into the next
     generation under results/discarded/{arm}/{engine}/{condition}/, with the reason. Returns the
     generation's folder name."""
-    target = _next_generation(block.discard_root)
+    target = next_generation_dir(block.discard_root)
     moved: list[str] = []
     for paths in reps:
         owned = [paths.run_dir / name for name in (*RUN_FILES, "measured", "attempts")]

@@ -31,7 +31,14 @@ from typing import Any, Literal, get_args
 
 import yaml
 
-from servelab.artifacts import ArtifactError, read_json, read_run_json, write_json, write_text
+from servelab.artifacts import (
+    ArtifactError,
+    next_generation_dir,
+    read_json,
+    read_run_json,
+    write_json,
+    write_text,
+)
 from servelab.config import (
     ConfigError,
     Run,
@@ -549,20 +556,6 @@ def _measurement_names(run_dir: Path) -> tuple[str, ...]:
     return tuple(name for name in names if (run_dir / name).exists())
 
 
-def _next_generation(root: Path) -> Path:
-    """The next free NNN folder under `root` (001, 002, ...), created so no other redo takes it."""
-    root.mkdir(parents=True, exist_ok=True)
-    number = 1 + max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0)
-    while True:
-        folder = root / f"{number:03d}"
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            number += 1
-            continue
-        return folder
-
-
 def redo_runs(
     config: Mapping[str, Any], results: str | Path, run_ids: Sequence[str], why: str
 ) -> list[Redone]:
@@ -592,7 +585,7 @@ def redo_runs(
         names = _measurement_names(run_dir)
         key_file = run_dir / MEASURED / MEASUREMENT_KEY
         key = key_file.read_text(encoding="utf-8").strip() if key_file.is_file() else None
-        folder = _next_generation(
+        folder = next_generation_dir(
             results / "redone" / run.arm / run.engine / run.condition / run.rep
         )
         # run.json first: from then on the run is unpublished, whatever else a kill interrupts
