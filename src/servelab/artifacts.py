@@ -21,10 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = [
+    "ATTEMPTS_DIR",
+    "MEASURED_DIR",
+    "MEASUREMENT_KEY_FILE",
     "REQUESTS_SCHEMA",
     "REQUEST_STATUSES",
     "RESTART_EVENTS",
     "RESTART_PHASES",
+    "RUN_FILES",
     "RUN_JSON_REQUIRED",
     "RUN_STATUSES",
     "SCRAPE_SCHEMA",
@@ -224,6 +228,14 @@ def atomic_path(final: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+# A run folder's layout (docs/architecture.md, "Measured, attempts and discarded runs"): the
+# files its block job publishes, the sealed measurement's folder and key, the failed attempts.
+RUN_FILES = ("requests.parquet", "scrape.parquet", "run.json")
+MEASURED_DIR = "measured"
+MEASUREMENT_KEY_FILE = "measurement.key"
+ATTEMPTS_DIR = "attempts"
 
 
 def next_generation_dir(root: str | os.PathLike[str]) -> Path:

@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from servelab.artifacts import (
+    ATTEMPTS_DIR,
+    MEASURED_DIR,
+    MEASUREMENT_KEY_FILE,
     REQUESTS_SCHEMA,
+    RUN_FILES,
     SCRAPE_SCHEMA,
     file_sha256,
     next_generation_dir,
@@ -57,7 +61,6 @@ __all__ = ["BlockPaths", "RunPaths", "deploy", "execute_block", "execute_run", "
 
 log = logging.getLogger(__name__)
 
-RUN_FILES = ("requests.parquet", "scrape.parquet", "run.json")
 # Resolved-configuration fields copied from resolved.json into each run record.
 RESOLVED_EXTRAS = ("prefix_caching", "context_len", "schedule_policy", "version")
 MAX_RECLAMATIONS = 3
@@ -141,7 +144,7 @@ class RunPaths:
     @property
     def measured_dir(self) -> Path:
         """Where attempts write; published to the run's declared outputs once complete."""
-        return self.run_dir / "measured"
+        return self.run_dir / MEASURED_DIR
 
     @property
     def discard_root(self) -> Path:
@@ -317,7 +320,7 @@ def _key(
 
 
 def _sealed_key(paths: RunPaths) -> str | None:
-    seal = paths.measured_dir / "measurement.key"
+    seal = paths.measured_dir / MEASUREMENT_KEY_FILE
     if not seal.is_file():
         return None
     if not all((paths.measured_dir / name).is_file() for name in RUN_FILES):
@@ -327,7 +330,7 @@ def _sealed_key(paths: RunPaths) -> str | None:
 
 def _seal(paths: RunPaths, key: str) -> None:
     """Mark the measurement complete, then publish it under the run's final names."""
-    write_text(paths.measured_dir / "measurement.key", key + "\n")
+    write_text(paths.measured_dir / MEASUREMENT_KEY_FILE, key + "\n")
     _publish(paths)
 
 
@@ -354,9 +357,9 @@ def _supersede(paths: RunPaths, old_key: str, new_key: str, backend: str) -> Non
         return
     root = paths.results_dir / "superseded" / paths.run_id
     target = next_generation_dir(root)
-    shutil.move(str(paths.measured_dir), str(target / "measured"))
-    if (paths.run_dir / "attempts").is_dir():
-        shutil.move(str(paths.run_dir / "attempts"), str(target / "attempts"))
+    shutil.move(str(paths.measured_dir), str(target / MEASURED_DIR))
+    if (paths.run_dir / ATTEMPTS_DIR).is_dir():
+        shutil.move(str(paths.run_dir / ATTEMPTS_DIR), str(target / ATTEMPTS_DIR))
     write_json(
         target / "reason.json",
         {
@@ -527,7 +530,7 @@ class _Campaign:
 
 def _previous_attempts(paths: RunPaths) -> int:
     """Attempts already kept from an earlier, interrupted invocation: numbering continues."""
-    attempts = paths.run_dir / "attempts"
+    attempts = paths.run_dir / ATTEMPTS_DIR
     if not attempts.is_dir():
         return 0
     numbers = [
@@ -539,7 +542,7 @@ def _previous_attempts(paths: RunPaths) -> int:
 
 
 def _keep_failed_attempt(paths: RunPaths, attempt: int) -> None:
-    target = paths.run_dir / "attempts" / f"attempt-{attempt}"
+    target = paths.run_dir / ATTEMPTS_DIR / f"attempt-{attempt}"
     target.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
         source = paths.measured_dir / name
@@ -596,7 +599,7 @@ def _discard_block(
     target = next_generation_dir(block.discard_root)
     moved: list[str] = []
     for paths in reps:
-        owned = [paths.run_dir / name for name in (*RUN_FILES, "measured", "attempts")]
+        owned = [paths.run_dir / name for name in (*RUN_FILES, MEASURED_DIR, ATTEMPTS_DIR)]
         if not any(p.exists() for p in owned):
             continue
         keep = target / paths.rep

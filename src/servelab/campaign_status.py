@@ -17,7 +17,6 @@ See docs/campaigns.md.
 
 from __future__ import annotations
 
-import copy
 import csv
 import hashlib
 import io
@@ -29,9 +28,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
+from snakemake.utils import update_config
 
 from servelab.artifacts import (
+    ATTEMPTS_DIR,
+    MEASURED_DIR,
+    MEASUREMENT_KEY_FILE,
+    RUN_FILES,
     ArtifactError,
     next_generation_dir,
     read_json,
@@ -40,10 +43,10 @@ from servelab.artifacts import (
     write_text,
 )
 from servelab.config import (
-    ConfigError,
     Run,
     conditions,
     deployment_for,
+    read_config_file,
     reps,
     runs,
     validate_config,
@@ -75,31 +78,11 @@ __all__ = [
 # ----------------------------------------------------------------------------- configuration
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """Snakemake's `--configfile` merge: mappings key by key, any other value replaced."""
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
-            base[key] = _merge(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
-
-
-def _read_yaml(path: str | Path) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read configuration ({exc})") from exc
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return loaded
-
-
 def merged_config(config: str | Path, configfiles: Sequence[str | Path] = ()) -> dict[str, Any]:
     """The validated configuration Snakemake would use for `--configfile FILES` over `config`."""
-    merged = _read_yaml(config)
+    merged = read_config_file(config)
     for path in configfiles:
-        _merge(merged, _read_yaml(path))
+        update_config(merged, read_config_file(path))  # Snakemake's own --configfile merge
     validate_config(merged)
     return merged
 
@@ -152,11 +135,8 @@ def target_runs(config: Mapping[str, Any], target: str) -> list[Run]:
 State = Literal["done", "failed", "discarded", "missing"]
 # A published run.json in one of these is final: the workflow will not measure it again.
 FINAL_RUN_STATUSES = ("ok", "failed")
-MEASURED = "measured"
-ATTEMPTS = "attempts"
-MEASUREMENT_KEY = "measurement.key"
 # What a run directory publishes: the run job's three files and the telemetry job's table.
-PUBLISHED = ("requests.parquet", "scrape.parquet", "run.json", "telemetry.parquet")
+PUBLISHED = (*RUN_FILES, "telemetry.parquet")
 
 
 @dataclass(frozen=True)
@@ -191,7 +171,7 @@ def _run_dir(results: Path, run: Run) -> Path:
 
 
 def _kept_attempts(run_dir: Path) -> int:
-    folder = run_dir / ATTEMPTS
+    folder = run_dir / ATTEMPTS_DIR
     if not folder.is_dir():
         return 0
     return sum(1 for p in folder.glob("attempt-*") if p.name.split("-", 1)[1].isdigit())
@@ -552,7 +532,7 @@ def _run_of(run_id: str, grid: Mapping[str, Run]) -> Run:
 
 def _measurement_names(run_dir: Path) -> tuple[str, ...]:
     """What a redo moves: the sealed measurement, the failed attempts and the published files."""
-    names = (MEASURED, ATTEMPTS, *PUBLISHED)
+    names = (MEASURED_DIR, ATTEMPTS_DIR, *PUBLISHED)
     return tuple(name for name in names if (run_dir / name).exists())
 
 
@@ -583,7 +563,7 @@ def redo_runs(
     for run in chosen:
         run_dir = _run_dir(results, run)
         names = _measurement_names(run_dir)
-        key_file = run_dir / MEASURED / MEASUREMENT_KEY
+        key_file = run_dir / MEASURED_DIR / MEASUREMENT_KEY_FILE
         key = key_file.read_text(encoding="utf-8").strip() if key_file.is_file() else None
         folder = next_generation_dir(
             results / "redone" / run.arm / run.engine / run.condition / run.rep

@@ -31,6 +31,7 @@ __all__ = [
     "conditions",
     "deployments",
     "load_config",
+    "read_config_file",
     "runs",
     "trace_seed",
     "validate_config",
@@ -195,8 +196,8 @@ def _check_references(config: Mapping[str, Any]) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
 
-def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Read a YAML config, apply top-level overrides, validate, return it."""
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """A YAML config file's mapping, not yet validated; ConfigError names the file."""
     path = Path(path)
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -204,6 +205,12 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
         raise ConfigError(f"{path}: cannot read configuration ({exc})") from exc
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    return config
+
+
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Read a YAML config, apply top-level overrides, validate, return it."""
+    config = read_config_file(path)
     config.update(overrides or {})
     validate_config(config)
     return config

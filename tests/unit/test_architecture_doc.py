@@ -141,6 +141,7 @@ VOCABULARIES = {
     "TELEMETRY_METRICS": "telemetry.parquet",
     "TRACE_MANIFEST_REQUIRED": "Trace manifest (manifest.json)",
     "ROLES": "trace.parquet",
+    "RUN_FILES": "Measured, attempts and discarded runs",
 }
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servelab.engines.logparse import UnknownEngineLog, parse_startup_log
-from servelab.engines.registry import engine_names, engine_specs
+from servelab.engines.logparse import UnknownEngineLog, engine_titles, parse_startup_log
+from servelab.engines.registry import engine_names
 
 __all__ = ["register", "resolve_config_main"]
 
@@ -38,19 +38,12 @@ def resolve_config_main(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _titles() -> str:
-    titles = [spec.title for spec in engine_specs()]
-    return "a " + (
-        " or ".join(titles) if len(titles) < 3 else ", ".join(titles[:-1]) + " or " + titles[-1]
-    )
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "resolve-config",
-        help=f"print the configuration {_titles()} start-up log shows (JSON)",
+        help=f"print the configuration a {engine_titles()} start-up log shows (JSON)",
         description=(
-            f"Read {_titles()} start-up log and print one JSON object: engine, version, "
+            f"Read a {engine_titles()} start-up log and print one JSON object: engine, version, "
             "chunked_prefill, chunk_size, prefix_caching, context_len, schedule_policy (null when "
             "the log does not show them) and the evidence lines they came from."
         ),

@@ -14,8 +14,7 @@ from types import MappingProxyType
 
 from servelab.engines.base import CONFIG_FIELDS, ParsedLog, UnknownEngineLog
 from servelab.engines.logtext import ANSI, readiness, split_lines
-from servelab.engines.registry import engine_names, engine_specs
-from servelab.engines.spec import EngineSpec
+from servelab.engines.registry import engine_names, engine_spec, engine_specs
 
 __all__ = ["CONFIG_FIELDS", "ParsedLog", "UnknownEngineLog", "detect_engine", "parse_startup_log"]
 
@@ -42,7 +41,8 @@ def _marker_counts(text: str) -> dict[str, int]:
     return {name: len(ids) for name, ids in found.items()}
 
 
-def _titles() -> str:
+def engine_titles() -> str:
+    """The registered engines' titles as a phrase: "vLLM or SGLang", "vLLM, SGLang or Toy"."""
     titles = [spec.title for spec in engine_specs()]
     return ", ".join(titles[:-1]) + " or " + titles[-1] if len(titles) > 1 else titles[0]
 
@@ -55,20 +55,16 @@ def detect_engine(text: str) -> str:
     if not found:
         hints = "; ".join(f"{spec.title}: {spec.log.marker_hint}" for spec in engine_specs())
         raise UnknownEngineLog(
-            f"not a {_titles()} start-up log: none of any engine's start-up lines ({hints}) "
+            f"not a {engine_titles()} start-up log: none of any engine's start-up lines ({hints}) "
             "was found"
         )
     if len(found) > 1 and found[0][0] == found[1][0]:
         tied = [name for name in engine_names() if counts[name] == found[0][0]]
-        titles = " and ".join(_spec(name).title for name in tied)
+        titles = " and ".join(engine_spec(name).title for name in tied)
         raise UnknownEngineLog(
             f"the log shows start-up lines of both {titles} equally; give the engine"
         )
     return found[0][1]
-
-
-def _spec(name: str) -> EngineSpec:
-    return next(spec for spec in engine_specs() if spec.name == name)
 
 
 def parse_startup_log(text: str, engine: str | None = None) -> ParsedLog:
@@ -89,12 +85,12 @@ def parse_startup_log(text: str, engine: str | None = None) -> ParsedLog:
             others = sorted(
                 ((n, name) for name, n in counts.items() if n and name != engine), reverse=True
             )
-            hint = f"; it looks like an {_spec(others[0][1]).title} log" if others else ""
+            hint = f"; it looks like an {engine_spec(others[0][1]).title} log" if others else ""
             raise UnknownEngineLog(
-                f"not a {_spec(engine).title} start-up log: none of its start-up lines was "
+                f"not a {engine_spec(engine).title} start-up log: none of its start-up lines was "
                 f"found{hint}"
             )
-    spec = _spec(engine)
+    spec = engine_spec(engine)
     lines = split_lines(text, spec.log.record)
     reader = spec.log.read(lines)
     reader.conflicts()

@@ -99,6 +99,8 @@ def run_trace(
 ) -> RunOutcome:
     """Serve `trace` (and the warm-ups before it) on `model` in virtual time; see module doc."""
     tracker = ReleaseTracker(trace)
+    # tokens per streamed chunk: the engine's own when it fixes it (vLLM 0.6.3: one), else asked
+    interval = engine_spec(model.engine).stream_interval or stream_interval
     records: dict[str, RequestRecord] = {}
     order: list[str] = []
     events: list[tuple[float, int, int, str]] = []  # (time, seq, kind, request id)
@@ -156,7 +158,6 @@ def run_trace(
         times = model.token_times(rid)
         if not finished:
             times = times[times <= t]
-        interval = engine_spec(model.engine).stream_interval or stream_interval
         rec.chunk_times_s, rec.chunk_tokens = _chunks(times, interval, finished)
         rec.status = status
         rec.error = error
@@ -288,7 +289,6 @@ def run_trace(
             if rec.request_id in active:
                 times = model.token_times(rec.request_id)
                 times = times[times <= now]
-                interval = engine_spec(model.engine).stream_interval or stream_interval
                 rec.chunk_times_s, rec.chunk_tokens = _chunks(times, interval, False)
     return RunOutcome(
         records=out,
