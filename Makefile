@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test lint format all clean-results
+.PHONY: table5 test lint format all clean-results llama-server llamacpp
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -15,7 +15,20 @@ table5: $(STAMP)
 all: $(STAMP)
 	$(BIN)/snakemake --cores 1 all
 
-test: $(STAMP)
+# A real engine without a GPU: llama.cpp's llama-server, built (CPU only) from the llama.cpp
+# vendored in the pinned llama-cpp-python sdist, cached under ~/.cache/servelab (a second call
+# is instant), and the tiny offline model it serves.
+llama-server: $(STAMP)
+	PYTHON=$(BIN)/python tools/build-llama-server.sh
+	$(BIN)/python -m servelab.deploy.tiny_gguf
+
+# The study's protocol on that real engine (local backend, real Prometheus): Table 5 is its arm
+# effect. Writes results/ like `make table5`: run it in a clean results/ (make clean-results).
+llamacpp: llama-server
+	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/llamacpp.yaml
+	$(BIN)/servelab table show results/table5.csv
+
+test: $(STAMP) llama-server
 	$(BIN)/python -m pytest -q tests
 
 # What CI checks before the tests: lint and formatting of the Python code, then of the workflow.

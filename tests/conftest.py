@@ -42,6 +42,14 @@ SYSTEM_TIERS = (
         "or set SERVELAB_PROMETHEUS=/path/to/prometheus",
         lookup="servelab.deploy.local:prometheus_binary",
     ),
+    SystemTier(
+        marker="llamacpp",
+        name="the real-engine (llama.cpp llama-server) tier",
+        program="llama-server",
+        install="make llama-server (builds it from the pinned llama-cpp-python sdist), "
+        "or set SERVELAB_LLAMA_SERVER=/path/to/llama-server",
+        lookup="servelab.deploy.llama_server:llama_server_binary",
+    ),
 )
 
 

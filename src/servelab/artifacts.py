@@ -119,6 +119,8 @@ TELEMETRY_METRICS = (
     "prompt_tokens_total",
     "generation_tokens_total",
     "prefix_cache_hit_rate",
+    # Prompt tokens served from the prefix cache (a counter; llama.cpp's only, so far).
+    "prompt_tokens_cached_total",
 )
 REQUEST_STATUSES = ("ok", "error", "timeout")
 RUN_STATUSES = ("ok", "failed", "interrupted")

@@ -73,7 +73,15 @@ def render_manifests(
     kubernetes: Mapping[str, Any],
     manifest_path: str,
 ) -> None:
-    """Render the deployment's Kubernetes objects (for every backend: shows what would be deployed)."""
+    """Render the deployment's Kubernetes objects (for every backend: shows what would be deployed).
+    An engine with no image (one the local backend builds) has nothing to deploy: the file says so."""
+    if deployment.get("image") is None:
+        write_text(
+            manifest_path,
+            f"# engines.{deployment['engine']} has no image pinned by digest: this deployment runs "
+            "on the local backend only, so there are no Kubernetes objects to render.\n",
+        )
+        return
     rendered = render_deployment(
         deployment_id=deployment["deployment_id"],
         engine=deployment["engine"],

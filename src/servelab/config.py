@@ -18,18 +18,21 @@ from typing import Any
 import jsonschema
 import yaml
 
-from servelab.engines.registry import engine_names
+from servelab.engines.registry import engine_names, engine_specs
 from servelab.settings import DispatchSettings
 
 __all__ = [
     "ARMS",
+    "STUDY_TABLE_CONDITIONS",
     "Condition",
     "ConfigError",
     "Deployment",
     "Run",
+    "analysis_settings",
     "condition_id",
     "conditions",
     "deployments",
+    "drop_removed_engines",
     "load_config",
     "read_config_file",
     "runs",
@@ -38,6 +41,8 @@ __all__ = [
 ]
 
 ARMS = ("defaults", "matched")
+# The conditions the study's Tables 4-6 show (config `analysis.table_conditions` names others).
+STUDY_TABLE_CONDITIONS = ("rate-0.12", "rate-0.28", "length-8192")
 SWEEP_PARAMETER = {"rate": "rate", "sharing": "sharing", "length": "prompt_tokens"}
 
 
@@ -189,11 +194,72 @@ def _check_references(config: Mapping[str, Any]) -> None:
             "config key dispatch.client: 'paced' speaks plain http only, but "
             "kubernetes.engine_url is https; set dispatch.client: httpx"
         )
+    engines = list(config["engines"])
+    if len(engines) > 2:
+        problems.append(
+            f"config key engines: the analysis compares two engines (or one engine's two arms), "
+            f"got {len(engines)}: {', '.join(engines)}"
+        )
+    for j, cid in enumerate(config["analysis"].get("table_conditions", [])):
+        if cid not in seen:
+            problems.append(f"config key analysis.table_conditions[{j}]: unknown condition {cid!r}")
+    # An engine the simulator imitates prints its start-up log through its spec.
+    simulated = [s.name for s in engine_specs() if s.render_startup_log is not None]
+    if "preset" not in config["model"] and any(e in simulated for e in engines):
+        problems.append(
+            "config key model.preset: required when a simulated engine runs "
+            f"({', '.join(e for e in engines if e in simulated)})"
+        )
+    if config["backend"] == "kubernetes":
+        for engine in engines:
+            if "image" not in config["engines"][engine]:
+                problems.append(
+                    f"config key engines.{engine}.image: the kubernetes backend needs an image "
+                    "pinned by digest"
+                )
+    if config["backend"] == "sim":
+        for engine in engines:
+            if engine not in simulated:
+                problems.append(
+                    f"config key engines.{engine}: the sim backend has no simulated {engine} "
+                    f"(simulated: {', '.join(simulated)}); run it with backend: local"
+                )
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
         problems.append("config key workload.tool_delay.min_s: must be below max_s")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def drop_removed_engines(config: dict[str, Any]) -> dict[str, Any]:
+    """Remove every engine set to null, under `engines:` and each arm's `engines:` (in place).
+
+    A `--configfile` laid over config/config.yaml cannot delete a key, since Snakemake merges
+    mappings, so a campaign of other engines names the study's as `vllm: null` (config/llamacpp.yaml).
+    """
+    for section in [config.get("engines"), *[a.get("engines") for a in _arm_specs(config)]]:
+        if isinstance(section, dict):
+            for name in [n for n, value in section.items() if value is None]:
+                del section[name]
+    return config
+
+
+def _arm_specs(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    arms = config.get("arms")
+    return [a for a in arms.values() if isinstance(a, dict)] if isinstance(arms, dict) else []
+
+
+def analysis_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings every analysis output is computed with: config `analysis:` plus the
+    campaign's engines (registry order: the gap's numerator first) and the tables' conditions."""
+    section = config["analysis"]
+    return {
+        "keeps_pace": section["keeps_pace"],
+        "phi_guard": section["phi_guard"],
+        "exclude_first_graph": section["exclude_first_graph"],
+        "engines": [e for e in engine_names() if e in config["engines"]],
+        "table_conditions": list(section.get("table_conditions", STUDY_TABLE_CONDITIONS)),
+    }
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -212,6 +278,7 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     """Read a YAML config, apply top-level overrides, validate, return it."""
     config = read_config_file(path)
     config.update(overrides or {})
+    drop_removed_engines(config)
     validate_config(config)
     return config
 

@@ -163,13 +163,14 @@ def toy() -> Iterator[EngineSpec]:
 # ---------------------------------------------------------------------- the registry itself
 
 
-def test_registry_lists_the_study_engines_in_order() -> None:
-    assert engine_names() == ("vllm", "sglang")
+def test_registry_lists_the_built_in_engines_in_order() -> None:
+    # the study's two, then llama.cpp (real only: the sim backend does not run it)
+    assert engine_names() == ("vllm", "sglang", "llamacpp")
 
 
 def test_registered_engine_is_listed_then_removed() -> None:
     with registered(TOY):
-        assert engine_names() == ("vllm", "sglang", "toy")
+        assert engine_names() == ("vllm", "sglang", "llamacpp", "toy")
         assert METRIC_MAP["toy"]["requests_waiting"] == "toy:queued"
     assert "toy" not in engine_names()
     assert "toy" not in METRIC_MAP
@@ -232,7 +233,7 @@ def test_a_vllm_log_is_not_taken_for_the_toy(toy: EngineSpec) -> None:
 
 
 def test_without_the_toy_its_log_is_refused_naming_the_engines() -> None:
-    with pytest.raises(UnknownEngineLog, match="not a vLLM or SGLang start-up log"):
+    with pytest.raises(UnknownEngineLog, match=r"not a vLLM, SGLang or llama\.cpp start-up log"):
         parse_startup_log(TOY_LOG)
 
 
@@ -269,6 +270,11 @@ def test_toy_metrics_map_to_canonical_telemetry(toy: EngineSpec) -> None:
 
 def test_config_schema_accepts_a_registered_engine(study_config: dict[str, Any]) -> None:
     config = copy.deepcopy(study_config)
+    # the toy has no simulated model: it runs live, beside vLLM (at most two engines)
+    config["backend"] = "local"
+    del config["engines"]["sglang"]
+    for arm in config["arms"].values():
+        del arm["engines"]["sglang"]
     config["engines"]["toy"] = {
         "version": "1.0",
         "image": "example.org/toy@sha256:" + "0" * 64,
@@ -283,6 +289,12 @@ def test_config_schema_accepts_a_registered_engine(study_config: dict[str, Any])
         validate_config(config)
     with registered(TOY):
         validate_config(config)
+        with pytest.raises(ConfigError, match="sim backend has no simulated toy"):
+            validate_config({**config, "backend": "sim"})
+        three = copy.deepcopy(config)
+        three["engines"]["sglang"] = study_config["engines"]["sglang"]
+        with pytest.raises(ConfigError, match=r"compares two engines.*got 3"):
+            validate_config(three)
 
 
 # ------------------------------------------------------------------- analysis and figures
@@ -302,16 +314,20 @@ def _write_runs(root: Path) -> list[Path]:
 
 def test_analysis_and_figures_take_the_toy(toy: EngineSpec, tmp_path: Path) -> None:
     run_dirs = _write_runs(tmp_path / "runs")
-    an = build_analysis(run_dirs, telemetry=False)
+    # three engines' runs: the analysis compares two, so it must be told which
+    with pytest.raises(ValueError, match=r"compares two engines.*not 3"):
+        build_analysis(run_dirs, telemetry=False)
+    an = build_analysis(run_dirs, telemetry=False, engines=("vllm", "toy"))
     assert {r.engine for r in an.runset.runs.values()} == {"vllm", "sglang", "toy"}
     # Table 3 (workload realisation) counts every run of the grid, the toy's included
     assert max(row["runs"] for row in an.table3_rows()) == 6
     data = figdata.figure_data(an)
     panel = next(p for p in data["figure11"]["panels"] if p["condition"] == "rate-0.12")
-    assert list(panel["series"]) == ["defaults/vllm", "defaults/sglang", "defaults/toy"]
+    assert list(panel["series"]) == ["defaults/vllm", "defaults/toy"]
     assert panel["series"]["defaults/toy"]["n_reps"] == 2
     assert "defaults/toy" in data["figure12"]["tail_ratio"]
-    paths = write_figures(run_dirs, tmp_path / "figures", formats=("png",))
+    assert an.engine_pair == ("vllm", "toy")
+    paths = write_figures(run_dirs, tmp_path / "figures", formats=("png",), engines=("vllm", "toy"))
     assert paths and all(p.stat().st_size > 0 for p in paths)
 
 

@@ -56,8 +56,8 @@ def test_engine_can_be_given(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["README.md"], "not a vLLM or SGLang start-up log"),
-        (["vllm-V0-metrics-01.txt"], "not a vLLM or SGLang start-up log"),
+        (["README.md"], "not a vLLM, SGLang or llama.cpp start-up log"),
+        (["vllm-V0-metrics-01.txt"], "not a vLLM, SGLang or llama.cpp start-up log"),
         (["--engine", "vllm", "sglang-0.4.1-01.log"], "looks like an SGLang log"),
         (["no-such-file.log"], "cannot read"),
     ],

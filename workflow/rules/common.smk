@@ -13,6 +13,7 @@ import servelab.identity as identity
 from servelab.config import ConfigError
 
 try:
+    grid.drop_removed_engines(config)
     grid.validate_config(config)
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
@@ -76,7 +77,7 @@ def deployment_params(deployment):
         "arm": deployment.arm,
         "engine": deployment.engine,
         "flags": list(deployment.flags),
-        "image": config["engines"][deployment.engine]["image"],
+        "image": config["engines"][deployment.engine].get("image"),
         "port": config["engines"][deployment.engine]["port"],
         "expect_chunked_prefill": deployment.expect_chunked_prefill,
         "expect_chunk_size": deployment.expect_chunk_size,
@@ -297,11 +298,7 @@ def results_dir_of_checksums(wildcards, output):
 
 
 def analysis_settings():
-    return {
-        "keeps_pace": config["analysis"]["keeps_pace"],
-        "phi_guard": config["analysis"]["phi_guard"],
-        "exclude_first_graph": config["analysis"]["exclude_first_graph"],
-    }
+    return grid.analysis_settings(config)
 
 
 def analysis_code():

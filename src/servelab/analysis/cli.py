@@ -13,7 +13,7 @@ from servelab.analysis.pipeline import analyze
 from servelab.analysis.restarts import discover_restart_records
 from servelab.analysis.runs import discover_run_dirs
 from servelab.analysis.verify import record_checksums, verify
-from servelab.config import load_config
+from servelab.config import analysis_settings, load_config
 
 __all__ = ["register"]
 
@@ -33,7 +33,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--traces", type=Path, help="trace directory (default: RUNS/../traces)")
     p.add_argument("--restarts", type=Path, help="restart records (default: RUNS/../restarts)")
     p.add_argument(
-        "--config", type=Path, help="read keeps_pace, phi_guard, exclude_first_graph from it"
+        "--config",
+        type=Path,
+        help="read the analysis settings, the engines and the tables' conditions from it",
     )
     p.add_argument("--keeps-pace", type=float, help="keeps-pace threshold (default 0.97)")
     p.add_argument(
@@ -57,8 +59,7 @@ def register(subparsers: Any) -> None:
 def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {"keeps_pace": 0.97, "phi_guard": 1.1, "exclude_first_graph": True}
     if args.config is not None:
-        section = load_config(args.config).get("analysis", {})
-        params.update({k: section[k] for k in params if k in section})
+        params = analysis_settings(load_config(args.config))
     if args.keeps_pace is not None:
         params["keeps_pace"] = args.keeps_pace
     if args.phi_guard is not None:

@@ -14,8 +14,8 @@ import numpy as np
 
 from servelab.analysis import stats
 from servelab.analysis.restarts import RESTART_PHASES
-from servelab.analysis.runs import condition_value, engine_order
-from servelab.analysis.summary import TABLE5_ROWS, Analysis
+from servelab.analysis.runs import condition_value
+from servelab.analysis.summary import Analysis, table5_keys
 
 __all__ = ["FIGURES", "FIGURE_DATA", "figure_data"]
 
@@ -41,7 +41,7 @@ def _sweep_series(
 ) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for arm in arms:
-        for engine in engine_order():
+        for engine in an.engines:
             pts = [
                 _point(an, arm, engine, c, metric)
                 for c in an.sweep_conditions(arm, sweep)
@@ -69,7 +69,7 @@ def _gap_point(an: Analysis, arm: str, condition: str, metric: str) -> dict[str,
 def figure1(an: Analysis) -> dict[str, Any]:
     """Decomposition: Table 5's gaps, defaults against matched, with φ."""
     rows = []
-    for row in an.table5_rows(TABLE5_ROWS):
+    for row in an.table5_rows(table5_keys(an.table_conditions)):
         d = an.gap("defaults", str(row["condition"]), str(row["metric"])).gap
         m = an.gap("matched", str(row["condition"]), str(row["metric"])).gap
         rows.append(
@@ -111,7 +111,7 @@ def figure7(an: Analysis) -> dict[str, Any]:
     tpot = _sweep_series(an, "rate", "tpot_p50")
     load: dict[str, list[dict[str, Any]]] = {}
     for arm in ARMS:
-        for engine in engine_order():
+        for engine in an.engines:
             pts = []
             for c in an.sweep_conditions(arm, "rate"):
                 if not an.has_group(arm, engine, c):
@@ -179,7 +179,7 @@ def figure9(an: Analysis) -> dict[str, Any]:
         "gap": [
             _gap_point(an, "defaults", c, "ttft_p50")
             for c in an.sweep_conditions("defaults", "sharing")
-            if an.runset.pairs("defaults", c)
+            if an.runset.pairs("defaults", c, an.engine_pair)
         ],
     }
 
@@ -187,7 +187,7 @@ def figure9(an: Analysis) -> dict[str, Any]:
 def figure10(an: Analysis) -> dict[str, Any]:
     """Peak KV-cache utilisation against σ (defaults): arithmetic means and each repetition."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for engine in engine_order():
+    for engine in an.engines:
         pts = []
         for c in an.sweep_conditions("defaults", "sharing"):
             if not an.has_group("defaults", engine, c):
@@ -214,7 +214,7 @@ def figure11(an: Analysis) -> dict[str, Any]:
     for condition in ("rate-0.12", "rate-0.28", "length-8192"):
         series = {}
         for arm in ARMS:
-            for engine in engine_order():
+            for engine in an.engines:
                 if not an.has_group(arm, engine, condition):
                     continue
                 g = an.group(arm, engine, condition)
@@ -236,7 +236,7 @@ def figure12(an: Analysis) -> dict[str, Any]:
     tail: dict[str, list[dict[str, Any]]] = {}
     spread: dict[str, list[dict[str, Any]]] = {}
     for arm in ARMS:
-        for engine in engine_order():
+        for engine in an.engines:
             conds = [c for c in an.sweep_conditions(arm, "rate") if an.has_group(arm, engine, c)]
             if not conds:
                 continue
@@ -257,7 +257,11 @@ def figure12(an: Analysis) -> dict[str, Any]:
 
 def figure13(an: Analysis) -> dict[str, Any]:
     """Paired gap in median and p95 TTFT across the rate sweep, vendor defaults."""
-    conds = [c for c in an.sweep_conditions("defaults", "rate") if an.runset.pairs("defaults", c)]
+    conds = [
+        c
+        for c in an.sweep_conditions("defaults", "rate")
+        if an.runset.pairs("defaults", c, an.engine_pair)
+    ]
     return {m: [_gap_point(an, "defaults", c, m) for c in conds] for m in ("ttft_p50", "ttft_p95")}
 
 

@@ -118,7 +118,7 @@ def build_numbers(an: Analysis) -> dict[str, Any]:
     groups = {}
     for arm in an.arms():
         for condition in rs.conditions(arm):
-            for engine in ("vllm", "sglang"):
+            for engine in an.engines:
                 if an.has_group(arm, engine, condition):
                     groups[f"{arm}/{engine}/{condition}"] = _group_entry(an, arm, engine, condition)
     gaps = {

@@ -18,7 +18,7 @@ from servelab.analysis import figdata, figures, tables
 from servelab.analysis.numbers import build_numbers, clean, render_notes
 from servelab.analysis.restarts import read_restart_record
 from servelab.analysis.runs import load_runs, read_manifests
-from servelab.analysis.summary import Analysis
+from servelab.analysis.summary import STUDY_TABLE_CONDITIONS, Analysis
 from servelab.analysis.verify import Mismatch, verify
 from servelab.artifacts import read_json, write_json, write_text
 
@@ -47,6 +47,8 @@ def build_analysis(
     keeps_pace: float = 0.97,
     phi_guard: float = 1.1,
     exclude_first_graph: bool = True,
+    engines: Sequence[str] | None = None,
+    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     telemetry: bool = True,
 ) -> Analysis:
     """Load the runs (and trace manifests, restart records) into an `Analysis`."""
@@ -57,6 +59,8 @@ def build_analysis(
         phi_guard=phi_guard,
         manifests=read_manifests(manifests),
         restarts=[read_restart_record(p) for p in restart_records],
+        engines=engines,
+        table_conditions=table_conditions,
     )
 
 
@@ -85,6 +89,8 @@ def write_table(
     keeps_pace: float = 0.97,
     phi_guard: float = 1.1,
     exclude_first_graph: bool = True,
+    engines: Sequence[str] | None = None,
+    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
 ) -> Path:
     """Table `number` (3-6) of the study from `runs`, written to `out_csv`."""
     if number not in TABLE_RENDERERS:
@@ -94,6 +100,8 @@ def write_table(
         keeps_pace=keeps_pace,
         phi_guard=phi_guard,
         exclude_first_graph=exclude_first_graph,
+        engines=engines,
+        table_conditions=table_conditions,
         telemetry=False,
     )
     write_text(out_csv, TABLE_RENDERERS[number](an))
@@ -109,6 +117,8 @@ def write_figures(
     keeps_pace: float = 0.97,
     phi_guard: float = 1.1,
     exclude_first_graph: bool = True,
+    engines: Sequence[str] | None = None,
+    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     formats: Sequence[str] = figures.FORMATS,
 ) -> list[Path]:
     """Figures 1 and 6-14 as `{out_dir}/figureN.{png,pdf}` (needs every run, the trace manifests of
@@ -120,6 +130,8 @@ def write_figures(
         keeps_pace=keeps_pace,
         phi_guard=phi_guard,
         exclude_first_graph=exclude_first_graph,
+        engines=engines,
+        table_conditions=table_conditions,
     )
     return figures.draw_figures(_drawable(clean(figdata.figure_data(an))), out_dir, formats)
 
@@ -133,6 +145,8 @@ def write_numbers(
     keeps_pace: float = 0.97,
     phi_guard: float = 1.1,
     exclude_first_graph: bool = True,
+    engines: Sequence[str] | None = None,
+    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     notes_path: PathLike | None = None,
 ) -> Path:
     """numbers.json (and, if `notes_path` is given, the plain-text notes)."""
@@ -143,6 +157,8 @@ def write_numbers(
         keeps_pace=keeps_pace,
         phi_guard=phi_guard,
         exclude_first_graph=exclude_first_graph,
+        engines=engines,
+        table_conditions=table_conditions,
     )
     write_json(out_json, build_numbers(an))
     if notes_path is not None:
@@ -168,6 +184,8 @@ def analyze(
     keeps_pace: float = 0.97,
     phi_guard: float = 1.1,
     exclude_first_graph: bool = True,
+    engines: Sequence[str] | None = None,
+    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     formats: Sequence[str] = figures.FORMATS,
 ) -> AnalysisResult:
     """Everything, from one load: `{out_dir}/table{3..6}.csv`, `numbers.json`,
@@ -180,6 +198,8 @@ def analyze(
         keeps_pace=keeps_pace,
         phi_guard=phi_guard,
         exclude_first_graph=exclude_first_graph,
+        engines=engines,
+        table_conditions=table_conditions,
     )
     written = [write_table(n, an, out / f"table{n}.csv") for n in sorted(TABLE_RENDERERS)]
     numbers = build_numbers(an)
@@ -205,6 +225,8 @@ def verify_against_checksums(
     keeps_pace: float = 0.97,
     phi_guard: float = 1.1,
     exclude_first_graph: bool = True,
+    engines: Sequence[str] | None = None,
+    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     scratch_dir: PathLike | None = None,
 ) -> list[Mismatch]:
     """The verify target: recompute everything into a scratch directory (a temporary one unless
@@ -223,6 +245,8 @@ def verify_against_checksums(
             keeps_pace=keeps_pace,
             phi_guard=phi_guard,
             exclude_first_graph=exclude_first_graph,
+            engines=engines,
+            table_conditions=table_conditions,
         )
         mismatches = verify(scratch, checksums_path)
     if mismatches:

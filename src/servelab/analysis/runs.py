@@ -168,21 +168,27 @@ class RunSet:
             )
         return members
 
-    def pairs(self, arm: str, condition: str) -> list[tuple[Run, Run]]:
-        """(vLLM, SGLang) runs of the same repetition, ordered by rep; same trace required."""
-        vllm = {r.rep: r for r in self.group(arm, "vllm", condition)}
-        sglang = {r.rep: r for r in self.group(arm, "sglang", condition)}
-        out = []
-        for rep in sorted(set(vllm) & set(sglang), key=rep_index):
-            v, s = vllm[rep], sglang[rep]
-            if v.seed != s.seed or v.trace_sha256 != s.trace_sha256:
-                raise PoolingError(
-                    f"runs {v.run_id} and {s.run_id} are paired by repetition but received "
-                    f"different traces (seed {v.seed} vs {s.seed}, trace sha256 "
-                    f"{v.trace_sha256[:12]} vs {s.trace_sha256[:12]})"
-                )
-            out.append((v, s))
-        return out
+    def engines(self) -> tuple[str, ...]:
+        """The engines among the runs found (parsed or skipped), in registry order."""
+        seen = {r.engine for r in self.runs.values()}
+        seen |= {s.run_id.split("/")[1] for s in self.skipped if s.run_id.count("/") == 3}
+        return tuple(e for e in engine_order() if e in seen)
+
+    def pairs(
+        self, arm: str, condition: str, engines: tuple[str, str] = ("vllm", "sglang")
+    ) -> list[tuple[Run, Run]]:
+        """Runs of the two `engines` (the study's: vLLM, SGLang) of the same repetition, ordered by
+        rep; the same trace is required."""
+        first_engine, second_engine = engines
+        first = {r.rep: r for r in self.group(arm, first_engine, condition)}
+        second = {r.rep: r for r in self.group(arm, second_engine, condition)}
+        return _paired(first, second)
+
+    def arm_pairs(self, engine: str, condition: str) -> list[tuple[Run, Run]]:
+        """(defaults, matched) runs of one engine of the same repetition, ordered by rep."""
+        first = {r.rep: r for r in self.group("defaults", engine, condition)}
+        second = {r.rep: r for r in self.group("matched", engine, condition)}
+        return _paired(first, second)
 
     def expected_reps(
         self, arm: str, condition: str, engines: Iterable[str] | None = None
@@ -206,6 +212,20 @@ class RunSet:
             if r.arm == arm and r.condition == condition and r.engine in engines
         }
         return sorted(reps, key=rep_index)
+
+
+def _paired(first: Mapping[str, Run], second: Mapping[str, Run]) -> list[tuple[Run, Run]]:
+    out = []
+    for rep in sorted(set(first) & set(second), key=rep_index):
+        a, b = first[rep], second[rep]
+        if a.seed != b.seed or a.trace_sha256 != b.trace_sha256:
+            raise PoolingError(
+                f"runs {a.run_id} and {b.run_id} are paired by repetition but received "
+                f"different traces (seed {a.seed} vs {b.seed}, trace sha256 "
+                f"{a.trace_sha256[:12]} vs {b.trace_sha256[:12]})"
+            )
+        out.append((a, b))
+    return out
 
 
 def _condition_sort_key(condition: str) -> tuple[int, float, str]:

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from servelab.analysis.tables import TABLE5_COLUMNS
+from servelab.analysis.tables import TABLE5_ARM_EFFECT_COLUMNS, TABLE5_COLUMNS
 
 __all__ = [
     "DASH",
     "TableError",
     "fixed_width",
+    "format_arm_effect",
     "format_table5",
     "metric_label",
     "read_table",
@@ -198,6 +199,56 @@ def format_table5(rows: Sequence[Mapping[str, str | None]], source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------- Table 5 of one engine
+ARM_EFFECT_TITLE = (
+    "Table 5 (one engine). The arm effect: each metric with chunked prefill matched against",
+    "vendor defaults, on the same seeded traces, and their ratio.",
+)
+ARM_EFFECT_LEGEND = (
+    "defaults, matched: geometric means over the repetitions measured in both arms",
+    "  (seconds for TTFT, requests/s for throughput).",
+    "change: geometric mean over seed-paired repetitions of matched ÷ defaults.",
+    "95% interval: exp(mean ln R ± t₀.₉₇₅,ₙ₋₁ · s/√n); n: paired repetitions.",
+    "Stars: two-sided paired t-test on log values, * p < 0.05, ** p < 0.01, *** p < 0.001.",
+    f"{DASH}: not computable from the runs: an interval or p-value needs two paired repetitions.",
+)
+ARM_EFFECT_LAYOUT = (
+    Column("condition", "<"),
+    Column("metric", "<"),
+    Column("engine", "<"),
+    Column("defaults", ">"),
+    Column("matched", ">"),
+    Column("change" + " " * STARS_WIDTH, ">"),
+    Column("95% interval", "<"),
+    Column("n", ">"),
+)
+
+
+def _arm_effect_cells(row: Mapping[str, str | None], where: str) -> list[str]:
+    short = [column for column, text in row.items() if text is None]
+    if short:
+        raise TableError(f"{where}: no cell for column {short[0]!r} (fewer cells than the header)")
+    change = _number(row, "change", where)
+    return [
+        str(row["condition"]),
+        metric_label(str(row["metric"])),
+        str(row["engine"]),
+        significant(_number(row, "defaults", where)),
+        significant(_number(row, "matched", where)),
+        significant(change) + stars(_number(row, "p", where)).ljust(STARS_WIDTH),
+        interval(_number(row, "ci_low", where), _number(row, "ci_high", where)),
+        str(row["n"] or DASH),
+    ]
+
+
+def format_arm_effect(rows: Sequence[Mapping[str, str | None]], source: str) -> str:
+    """A one-engine Table 5 as text: title, table, legend and source."""
+    body = [_arm_effect_cells(row, f"{source}, line {i}") for i, row in enumerate(rows, start=2)]
+    table = fixed_width(ARM_EFFECT_LAYOUT, body, (("", 3), ("", 2), ("matched ÷ defaults", 3)))
+    lines = [*ARM_EFFECT_TITLE, "", *table, "", *ARM_EFFECT_LEGEND, f"Read from {source}."]
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------ files
 def read_table(path: Path, columns: Sequence[str]) -> list[dict[str, str | None]]:
     """The CSV's rows; a TableError naming the file (and the column) if it cannot be shown."""
@@ -219,8 +270,18 @@ def read_table(path: Path, columns: Sequence[str]) -> list[dict[str, str | None]
 
 
 def show_table(path: Path) -> str:
-    """Table 5 read from `path`, formatted for a terminal."""
+    """Table 5 read from `path`, formatted for a terminal: the engine gap, or (a one-engine
+    campaign's table, recognised by its `engine` column) the arm effect."""
+    if _header(path)[:3] == list(TABLE5_ARM_EFFECT_COLUMNS)[:3]:
+        return format_arm_effect(read_table(path, tuple(TABLE5_ARM_EFFECT_COLUMNS)), str(path))
     return format_table5(read_table(path, tuple(TABLE5_COLUMNS)), str(path))
+
+
+def _header(path: Path) -> list[str]:
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as handle:
+        return next(csv.reader(handle), [])
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -29,14 +29,16 @@ from servelab.analysis.runs import (
     RunSet,
     TraceInfo,
     condition_value,
-    engine_order,
     rep_index,
 )
 from servelab.artifacts import ROLES, ArtifactError
+from servelab.engines.registry import engine_spec
 
 __all__ = [
     "LATENCY_METRICS",
     "METRICS",
+    "STUDY_ENGINES",
+    "STUDY_TABLE_CONDITIONS",
     "TABLE4_ROWS",
     "TABLE5_ROWS",
     "TABLE6_ROWS",
@@ -50,24 +52,34 @@ NAN = float("nan")
 LATENCY_METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "e2e_p50")
 METRICS = (*LATENCY_METRICS, "throughput")
 
-# The study's rows (Tables 4-6).
-TABLE5_ROWS: tuple[tuple[str, str], ...] = (
-    ("rate-0.12", "ttft_p50"),
-    ("rate-0.12", "ttft_p95"),
-    ("rate-0.28", "ttft_p50"),
-    ("rate-0.28", "ttft_p95"),
-    ("length-8192", "ttft_p50"),
-    ("length-8192", "ttft_p95"),
-    ("rate-0.28", "throughput"),
-)
-TABLE4_ROWS: tuple[tuple[str, str], ...] = tuple(
-    (c, m)
-    for c in ("rate-0.12", "rate-0.28", "length-8192")
-    for m in ("ttft_p50", "ttft_p95", "e2e_p50")
-)
-TABLE6_ROWS: tuple[tuple[str, str], ...] = tuple(
-    (c, a) for c in ("rate-0.12", "rate-0.28", "length-8192") for a in ("defaults", "matched")
-)
+# The conditions the study's Tables 4-6 show; a campaign on another grid names its own
+# (config `analysis.table_conditions`).
+STUDY_TABLE_CONDITIONS: tuple[str, ...] = ("rate-0.12", "rate-0.28", "length-8192")
+# The engines the study compares, in gap order (vLLM ÷ SGLang for latency).
+STUDY_ENGINES: tuple[str, ...] = ("vllm", "sglang")
+
+
+def table5_keys(conditions: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Table 5's rows: TTFT p50 and p95 at each condition, then throughput at the highest rate
+    of the rate sweep among them (the study's: rate-0.28)."""
+    rows = [(c, m) for c in conditions for m in ("ttft_p50", "ttft_p95")]
+    rates = [c for c in conditions if condition_value(c)[0] == "rate"]
+    if rates:
+        rows.append((max(rates, key=lambda c: condition_value(c)[1]), "throughput"))
+    return tuple(rows)
+
+
+def table4_keys(conditions: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    return tuple((c, m) for c in conditions for m in ("ttft_p50", "ttft_p95", "e2e_p50"))
+
+
+def table6_keys(conditions: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    return tuple((c, a) for c in conditions for a in ("defaults", "matched"))
+
+
+TABLE5_ROWS = table5_keys(STUDY_TABLE_CONDITIONS)
+TABLE4_ROWS = table4_keys(STUDY_TABLE_CONDITIONS)
+TABLE6_ROWS = table6_keys(STUDY_TABLE_CONDITIONS)
 TABLE3_GROUPS: tuple[tuple[str, str | None, str | None], ...] = (
     ("rate", "defaults", "rate"),
     ("sharing", "defaults", "sharing"),
@@ -190,8 +202,19 @@ class Analysis:
         restarts: Sequence[RestartRecord] = (),
         fluid_reference: tuple[str, str] = ("matched", "rate-0.28"),
         fluid_shortfall: float = 0.01,
+        engines: Sequence[str] | None = None,
+        table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     ) -> None:
         self.runset = runset
+        # The campaign's engines in gap order (config `engines`, registry order); None: those
+        # the runs show. Two engines: the study's comparison. One: its arms are compared.
+        self.engines = tuple(runset.engines() if engines is None else engines) or STUDY_ENGINES
+        if len(self.engines) > 2:
+            raise ValueError(
+                f"the analysis compares two engines (or one engine's two arms), not "
+                f"{len(self.engines)}: {', '.join(self.engines)}"
+            )
+        self.table_conditions = tuple(table_conditions)
         self.keeps_pace = keeps_pace
         self.phi_guard = phi_guard
         self.manifests = dict(manifests or {})
@@ -289,7 +312,7 @@ class Analysis:
         """Engine gap R̄ (vLLM ÷ SGLang for latency, SGLang ÷ vLLM for throughput) over paired reps."""
         key = (arm, condition, metric)
         if key not in self._gaps:
-            pairs = self.runset.pairs(arm, condition)
+            pairs = self.runset.pairs(arm, condition, self.engine_pair)
             v = [run_value(p[0], metric) for p in pairs]
             s = [run_value(p[1], metric) for p in pairs]
             reps = [p[0].rep for p in pairs]
@@ -312,12 +335,26 @@ class Analysis:
                     gap.reps,
                     expected,
                     "computed",
-                    [(arm, engine_order(), condition)],
+                    [(arm, self.engines, condition)],
                 )
         return self._gaps[key]
 
+    @property
+    def engine_pair(self) -> tuple[str, str]:
+        """The two engines a gap compares (numerator first for latency)."""
+        if len(self.engines) != 2:
+            raise ValueError(
+                f"an engine gap needs two engines; this campaign has {', '.join(self.engines)} "
+                "(its Table 5 compares the arms: `arm_effect_rows`)"
+            )
+        return (self.engines[0], self.engines[1])
+
     def paired_conditions(self, arm: str) -> list[str]:
-        return [c for c in self.runset.conditions(arm) if self.runset.pairs(arm, c)]
+        if len(self.engines) != 2:
+            return []
+        return [
+            c for c in self.runset.conditions(arm) if self.runset.pairs(arm, c, self.engine_pair)
+        ]
 
     def sweep_conditions(self, arm: str, sweep: str) -> list[str]:
         return [c for c in self.runset.conditions(arm) if condition_value(c)[0] == sweep]
@@ -358,19 +395,29 @@ class Analysis:
         return rows
 
     def table4_rows(
-        self, rows: Sequence[tuple[str, str]] = TABLE4_ROWS
+        self, rows: Sequence[tuple[str, str]] | None = None
     ) -> list[dict[str, float | str]]:
-        """SGLang (unchanged configuration) in the two deployments: first = defaults arm, second = matched."""
+        """The control engine (the study's SGLang, whose configuration is the same in both arms)
+        in the two deployments: first = defaults arm, second = matched. A one-engine campaign
+        changes its only engine's configuration between the arms, so it has no control: empty."""
+        if rows is None:
+            rows = table4_keys(self.table_conditions)
         out: list[dict[str, float | str]] = []
+        if len(self.engines) != 2:
+            self._empty_note(
+                "table4", "a one-engine campaign has no engine whose configuration both arms share"
+            )
+            return out
+        control = self.engines[1]
         for condition, metric in rows:
-            first = {r.rep: r for r in self.runset.group("defaults", "sglang", condition)}
-            second = {r.rep: r for r in self.runset.group("matched", "sglang", condition)}
+            first = {r.rep: r for r in self.runset.group("defaults", control, condition)}
+            second = {r.rep: r for r in self.runset.group("matched", control, condition)}
             reps = sorted(set(first) & set(second), key=rep_index)
             if first and second:
                 a, b = next(iter(first.values())), next(iter(second.values()))
                 if a.config_key != b.config_key:
                     raise PoolingError(
-                        f"Table 4 compares SGLang under one configuration, but {a.run_id} resolved "
+                        f"Table 4 compares {engine_spec(control).title} under one configuration, but {a.run_id} resolved "
                         f"{a.config_key} and {b.run_id} resolved {b.config_key}"
                     )
             for rep in reps:
@@ -387,8 +434,8 @@ class Analysis:
             s1 = stats.log_summary([x for x, r in zip(x1, reps, strict=True) if r in used])
             s2 = stats.log_summary([x for x, r in zip(x2, reps, strict=True) if r in used])
             expected = sorted(
-                set(self.runset.expected_reps("defaults", condition, ("sglang",)))
-                | set(self.runset.expected_reps("matched", condition, ("sglang",))),
+                set(self.runset.expected_reps("defaults", condition, (control,)))
+                | set(self.runset.expected_reps("matched", condition, (control,))),
                 key=rep_index,
             )
             self._missing_note(
@@ -396,7 +443,7 @@ class Analysis:
                 change.reps,
                 expected,
                 "computed",
-                [("defaults", ("sglang",), condition), ("matched", ("sglang",), condition)],
+                [("defaults", (control,), condition), ("matched", (control,), condition)],
             )
             out.append(
                 {
@@ -411,14 +458,19 @@ class Analysis:
             )
             if change.n == 0:
                 self._empty_note(
-                    f"table4 {condition}/{metric}", "no SGLang repetition measured in both arms"
+                    f"table4 {condition}/{metric}", f"no {control} repetition measured in both arms"
                 )
         return out
 
     def table5_rows(
-        self, rows: Sequence[tuple[str, str]] = TABLE5_ROWS
+        self, rows: Sequence[tuple[str, str]] | None = None
     ) -> list[dict[str, float | str]]:
-        """The decomposition: engine gap under defaults and matched, and the removed fraction φ."""
+        """The decomposition: engine gap under defaults and matched, and the removed fraction φ.
+        A one-engine campaign has no engine gap: its Table 5 is the arm effect (`arm_effect_rows`)."""
+        if rows is None:
+            rows = table5_keys(self.table_conditions)
+        if len(self.engines) == 1:
+            return self.arm_effect_rows(rows)
         out: list[dict[str, float | str]] = []
         for condition, metric in rows:
             d = self.gap("defaults", condition, metric).gap
@@ -447,14 +499,64 @@ class Analysis:
             )
         return out
 
+    def arm_effect_rows(self, rows: Sequence[tuple[str, str]]) -> list[dict[str, float | str]]:
+        """One engine under both arms, paired by repetition (the same traces): the change
+        matched ÷ defaults of each metric, its interval and p-value (one-engine Table 5)."""
+        engine = self.engines[0]
+        out: list[dict[str, float | str]] = []
+        for condition, metric in rows:
+            pairs = self.runset.arm_pairs(engine, condition)
+            reps = [a.rep for a, _ in pairs]
+            defaults = [run_value(a, metric) for a, _ in pairs]
+            matched = [run_value(b, metric) for _, b in pairs]
+            change = stats.paired_gap(matched, defaults, reps)
+            used = set(change.reps)
+            expected = sorted(
+                set(self.runset.expected_reps("defaults", condition, (engine,)))
+                | set(self.runset.expected_reps("matched", condition, (engine,))),
+                key=rep_index,
+            )
+            self._missing_note(
+                f"table5 {condition}/{metric}",
+                change.reps,
+                expected,
+                "computed",
+                [("defaults", (engine,), condition), ("matched", (engine,), condition)],
+            )
+            if change.n == 0:
+                self._empty_note(
+                    f"table5 {condition}/{metric}", f"no {engine} repetition measured in both arms"
+                )
+            out.append(
+                {
+                    "condition": condition,
+                    "metric": metric,
+                    "engine": engine,
+                    "defaults": stats.log_summary(
+                        [x for x, r in zip(defaults, reps, strict=True) if r in used]
+                    ).gmean,
+                    "matched": stats.log_summary(
+                        [x for x, r in zip(matched, reps, strict=True) if r in used]
+                    ).gmean,
+                    "change": change.gap,
+                    "ci_low": change.ci_low,
+                    "ci_high": change.ci_high,
+                    "p": change.p,
+                    "n": float(change.n),
+                }
+            )
+        return out
+
     def table6_rows(
-        self, rows: Sequence[tuple[str, str]] = TABLE6_ROWS
+        self, rows: Sequence[tuple[str, str]] | None = None
     ) -> list[dict[str, float | str]]:
         """Dispersion of pooled per-request TTFT: tail ratio p95/p50 and g1 of ln TTFT."""
+        if rows is None:
+            rows = table6_keys(self.table_conditions)
         out: list[dict[str, float | str]] = []
         for condition, arm in rows:
             row: dict[str, float | str] = {"condition": condition, "configuration": arm}
-            for engine in engine_order():
+            for engine in self.engines:
                 g = self.group(arm, engine, condition)
                 if g.n == 0:
                     self._empty_note(f"table6 {condition}/{arm} {engine}", f"no {engine} runs")
@@ -484,7 +586,7 @@ class Analysis:
         out: list[FluidRun] = []
         for arm in self.arms():
             for condition in self.paired_conditions(arm):
-                for v, s in self.runset.pairs(arm, condition):
+                for v, s in self.runset.pairs(arm, condition, self.engine_pair):
                     xv, xs = v.metrics.throughput, s.metrics.throughput
                     delta = 1.0 - xv / xs if xs > 0 else NAN
                     pace = stats.keeps_pace(xs, s.offered_load, self.keeps_pace)

@@ -23,6 +23,7 @@ from servelab.artifacts import write_text
 __all__ = [
     "TABLE3_COLUMNS",
     "TABLE4_COLUMNS",
+    "TABLE5_ARM_EFFECT_COLUMNS",
     "TABLE5_COLUMNS",
     "TABLE6_COLUMNS",
     "format_table",
@@ -30,6 +31,7 @@ __all__ = [
     "render_table4",
     "render_table5",
     "render_table6",
+    "table6_columns",
 ]
 
 TABLE3_COLUMNS = {
@@ -64,14 +66,31 @@ TABLE5_COLUMNS = {
     "matched_p": ".4g",
     "removed_fraction": ".4f",
 }
-TABLE6_COLUMNS = {
+# One-engine campaigns: Table 5 is the arm effect, matched ÷ defaults (docs/analysis.md).
+TABLE5_ARM_EFFECT_COLUMNS = {
     "condition": "s",
-    "configuration": "s",
-    "vllm_tail_ratio": ".3f",
-    "vllm_g1": "+.3f",
-    "sglang_tail_ratio": ".3f",
-    "sglang_g1": "+.3f",
+    "metric": "s",
+    "engine": "s",
+    "defaults": ".5g",
+    "matched": ".5g",
+    "change": ".5g",
+    "ci_low": ".5g",
+    "ci_high": ".5g",
+    "p": ".4g",
+    "n": "d",
 }
+
+
+def table6_columns(engines: Sequence[str]) -> dict[str, str]:
+    """Table 6's columns: each engine's tail ratio and g1 (the study's: vllm, then sglang)."""
+    columns = {"condition": "s", "configuration": "s"}
+    for engine in engines:
+        columns[f"{engine}_tail_ratio"] = ".3f"
+        columns[f"{engine}_g1"] = "+.3f"
+    return columns
+
+
+TABLE6_COLUMNS = table6_columns(("vllm", "sglang"))
 
 
 def _cell(value: object, fmt: str) -> str:
@@ -107,11 +126,12 @@ def render_table4(an: Analysis) -> str:
 
 
 def render_table5(an: Analysis) -> str:
-    return format_table(an.table5_rows(), TABLE5_COLUMNS)
+    columns = TABLE5_ARM_EFFECT_COLUMNS if len(an.engines) == 1 else TABLE5_COLUMNS
+    return format_table(an.table5_rows(), columns)
 
 
 def render_table6(an: Analysis) -> str:
-    return format_table(an.table6_rows(), TABLE6_COLUMNS)
+    return format_table(an.table6_rows(), table6_columns(an.engines))
 
 
 def write_csv(path: str | os.PathLike[str], text: str) -> None:

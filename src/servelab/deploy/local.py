@@ -1,10 +1,13 @@
-"""The `local` backend: the simulated engine served live on localhost, a real Prometheus, the real
-dispatcher.
+"""The `local` backend: an engine served live on localhost, a real Prometheus, the real dispatcher.
 
-`deploy` starts `servelab serve-sim` for the deployment as a detached process on a free port (its
-pid, port and identity recorded in `results/deployments/{id}/local.json`, its output in
-`server.log` beside it); the server writes the engine's start-up log to the deployment's
-`startup.log`, which the shared parser and gate then read, as on every backend. One Prometheus
+The engine is the simulated one (`servelab serve-sim`) for the engines the simulator imitates, and
+the real server for an engine that runs without a GPU: llama.cpp's `llama-server`
+(`servelab.deploy.llama_server`, built by `make llama-server`, serving the tiny model or
+`model.gguf`). `deploy` starts it as a detached process on a free port (its pid, port and identity
+recorded in `results/deployments/{id}/local.json`, its output in `server.log` beside it). The
+simulated server writes the engine's start-up log to the deployment's `startup.log` itself; for a
+real server the backend copies its own output up to the line that shows it ready. The shared
+parser and gate then read `startup.log`, as on every backend. One Prometheus
 serves every deployment of a results folder (`results/deployments/_prometheus/`: generated config,
 its own data directory, a free port); each server is a file-discovered target labelled with its
 deployment id, scraped every second.
@@ -45,8 +48,11 @@ import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
 from servelab.deploy.backend import RunRequest
+from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
 from servelab.deploy.measure import LiveTarget, measure_live
+from servelab.deploy.tiny_gguf import ensure_tiny_model
 from servelab.dispatch import DispatchResult, TimedAction
+from servelab.engines.registry import engine_spec
 from servelab.settings import DispatchSettings
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER
 
@@ -307,8 +313,17 @@ def _parse_rfc3339(text: str) -> float | None:
 # --------------------------------------------------------------------------- servers
 
 
-def _server_marker(instance_id: str) -> str:
-    return f"--instance-id {instance_id}"
+def _server_marker(state: Mapping[str, Any]) -> str:
+    """Text only this server's command line holds (guards `_alive` against pid reuse): the
+    simulated server's instance id, a real server's port (it takes no id of ours)."""
+    if state.get("real_server"):
+        return f"--port {state.get('port')}"
+    return f"--instance-id {state.get('instance_id', '')}"
+
+
+def _is_simulated(engine: str) -> bool:
+    """The simulator imitates an engine whose spec prints its start-up log."""
+    return engine_spec(engine).render_startup_log is not None
 
 
 def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = False) -> bool:
@@ -316,7 +331,7 @@ def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = Fals
     state = _read_state(Path(deployment_dir) / "local.json")
     if not state:
         return False
-    stopped = _terminate(state.get("pid"), _server_marker(state.get("instance_id", "")), kill=kill)
+    stopped = _terminate(state.get("pid"), _server_marker(state), kill=kill)
     if stopped:
         log.info(
             "stopped server of deployment %s (pid %s)", state.get("deployment_id"), state.get("pid")
@@ -375,6 +390,8 @@ class LocalBackend:
     # ----------------------------------------------------------------- servers
 
     def _command(self, deployment: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
+        if state["real_server"]:
+            return self._real_command(deployment, state)
         return [
             sys.executable,
             "-m",
@@ -404,6 +421,35 @@ class LocalBackend:
             "--instance-id",
             str(state["instance_id"]),
         ]
+
+    def _real_command(self, deployment: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
+        engine = str(deployment["engine"])
+        if engine != "llamacpp":
+            raise LocalError(
+                f"deployment {deployment['deployment_id']}: the local backend serves simulated "
+                f"engines and llama.cpp's llama-server; it has no server for {engine}"
+            )
+        binary = llama_server_binary()
+        if binary is None:
+            raise LocalError(
+                f"deployment {deployment['deployment_id']}: llama-server not found; build it with "
+                "`make llama-server` (or set SERVELAB_LLAMA_SERVER to a llama-server binary)"
+            )
+        return server_command(
+            binary,
+            model_path=state["model_path"],
+            flags=[str(f) for f in deployment["flags"]],
+            host=HOST,
+            port=int(state["port"]),
+        )
+
+    def _model_file(self) -> Path:
+        """The GGUF a real server loads: config `model.gguf`, else the tiny offline model."""
+        named = self.model.get("gguf")
+        path = Path(named) if named else ensure_tiny_model()
+        if not path.is_file():
+            raise LocalError(f"config key model.gguf: {path}: no such file")
+        return path
 
     def start_server(
         self,
@@ -437,13 +483,23 @@ class LocalBackend:
             "stream_interval": int(stream_interval),
             "startup_log": str((startup_log or deployment_dir / "server-startup.log").resolve()),
             "server_log": str((deployment_dir / "server.log").resolve()),
+            "real_server": not _is_simulated(str(deployment["engine"])),
         }
+        if state["real_server"]:
+            model_path = self._model_file()
+            state["model_path"] = str(model_path.resolve())
+            state["model_sha256"] = file_sha256(model_path)
         cmd = self._command(deployment, state)
-        state["pid"] = _spawn(cmd, Path(state["server_log"]))
+        server_log = Path(state["server_log"])
+        # A real server's start-up log is its own output from this start on.
+        state["server_log_offset"] = server_log.stat().st_size if server_log.is_file() else 0
+        state["pid"] = _spawn(cmd, server_log)
         state["started_unix_s"] = time.time()
         state["command"] = shlex.join(cmd)
         write_json(deployment_dir / "local.json", state)
         self._wait_server(state)
+        if state["real_server"]:
+            self._copy_startup_log(state, deployment)
         _write_target(deployment_dir.parent, state["deployment_id"], state["engine"], state["port"])
         log.info(
             "deployment %s: server up at %s (pid %d, node %s)",
@@ -456,7 +512,7 @@ class LocalBackend:
 
     def _wait_server(self, state: Mapping[str, Any]) -> None:
         deadline = time.monotonic() + self.server_start_timeout_s
-        marker = _server_marker(state["instance_id"])
+        marker = _server_marker(state)
         url = state["base_url"]
         while time.monotonic() < deadline:
             if not _alive(state["pid"], marker):
@@ -464,12 +520,8 @@ class LocalBackend:
                     f"deployment {state['deployment_id']}: the server exited at start-up; "
                     f"{state['server_log']} ends with:\n{_tail(Path(state['server_log']))}"
                 )
-            try:
-                ident = httpx.get(f"{url}/servelab/instance", timeout=2.0).json()
-                if ident.get("instance_id") == state["instance_id"]:
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
+            if self._answers(state, url):
+                return
             time.sleep(0.2)
         _terminate(state["pid"], marker, kill=True)
         raise LocalError(
@@ -478,14 +530,49 @@ class LocalBackend:
             f"{_tail(Path(state['server_log']))}"
         )
 
+    @staticmethod
+    def _answers(state: Mapping[str, Any], url: str) -> bool:
+        """The server is up: the simulated one reports our instance id; a real llama-server
+        answers GET /health with 200 once its model is loaded (503 while loading; llama.cpp
+        0c1e570, tools/server/server.cpp, the /health route)."""
+        try:
+            if state["real_server"]:
+                return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+            ident = httpx.get(f"{url}/servelab/instance", timeout=2.0).json()
+            return bool(ident.get("instance_id") == state["instance_id"])
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def _copy_startup_log(self, state: Mapping[str, Any], deployment: Mapping[str, Any]) -> None:
+        """The real server's output since this start, up to the line that shows it ready, is the
+        deployment's start-up log (the later request log stays in server.log only)."""
+        with Path(state["server_log"]).open("rb") as handle:
+            handle.seek(int(state["server_log_offset"]))
+            text = handle.read().decode("utf-8", errors="replace")
+        ready = engine_spec(str(deployment["engine"])).log.ready
+        lines = text.splitlines(keepends=True)
+        end = next((n for n, line in enumerate(lines, 1) if ready.search(line)), len(lines))
+        if end == len(lines) and not (lines and ready.search(lines[-1])):
+            log.warning(
+                "deployment %s: the server answers, but its log shows no ready line yet",
+                state["deployment_id"],
+            )
+        write_text(state["startup_log"], "".join(lines[:end]))
+
     def _identity(self, deployment_dir: Path) -> dict[str, Any]:
         """(hostname, node id, instance id) from the server, else as last started (server down)."""
         state = _read_state(deployment_dir / "local.json") or {}
+        node_id, instance_id = state.get("node_id"), state.get("instance_id")
+        if state.get("real_server"):
+            # A real server knows no ids of ours: the instance is the process we started.
+            if not _alive(state.get("pid"), _server_marker(state)):
+                instance_id = None
+            return {"hostname": self.hostname, "node_id": node_id, "instance_id": instance_id}
         try:
             ident = httpx.get(f"{state['base_url']}/servelab/instance", timeout=5.0).json()
             node_id, instance_id = ident["node_id"], ident["instance_id"]
         except (httpx.HTTPError, ValueError, KeyError):
-            node_id, instance_id = state.get("node_id"), state.get("instance_id")
+            pass
         return {"hostname": self.hostname, "node_id": node_id, "instance_id": instance_id}
 
     # ----------------------------------------------------------------- Backend protocol
@@ -521,7 +608,7 @@ class LocalBackend:
         state = _read_state(deployment_dir / "local.json")
         if (
             not state
-            or not _alive(state.get("pid"), _server_marker(state.get("instance_id", "")))
+            or not _alive(state.get("pid"), _server_marker(state))
             or state.get("tokenizer") != tokenizer
             or int(state.get("stream_interval", DispatchSettings.stream_interval))
             != stream_interval
@@ -558,7 +645,18 @@ class LocalBackend:
                 scrape_settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
                 reclamation=reclamation,
                 extra={
-                    "local": {"server_log": state["server_log"], "prometheus_url": prometheus_url}
+                    "local": {
+                        "server_log": state["server_log"],
+                        "prometheus_url": prometheus_url,
+                        **(
+                            {
+                                "server_command": state["command"],
+                                "model_sha256": state["model_sha256"],
+                            }
+                            if state.get("real_server")
+                            else {}
+                        ),
+                    }
                 },
                 actions=[TimedAction(**a) for a in actions],
                 progress_interval_s=self.progress_interval_s,

@@ -89,7 +89,7 @@ class ResolvedConfig:
     max_running_requests: int | None
     max_total_tokens: int | None
     block_size: int | None
-    memory_fraction: float
+    memory_fraction: float | None
     cuda_graph_max_bs: int | None
     overlap_schedule: bool | None
     flags: tuple[str, ...]

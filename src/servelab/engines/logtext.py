@@ -62,6 +62,10 @@ def _strip_prefixes(text: str) -> str:
     return text
 
 
+# One-letter record levels (llama.cpp's common_log: I, W, E, D) under the names readiness checks.
+_LEVEL_NAMES = {"D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR"}
+
+
 def split_lines(text: str, record: re.Pattern[str]) -> list[LogLine]:
     """The text's lines; `record` is the engine's logger-record pattern, with a `msg` group and,
     if its records carry one, a `level` group."""
@@ -76,6 +80,8 @@ def split_lines(text: str, record: re.Pattern[str]) -> list[LogLine]:
         m = record.search(clean)
         msg = m.group("msg") if m else None
         level = m.group("level") if m and has_level else None
+        if level is not None:
+            level = _LEVEL_NAMES.get(level, level)
         out.append(LogLine(i + 1, raw, _strip_prefixes(clean), msg, level))
     return out
 

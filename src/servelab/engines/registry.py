@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from servelab.engines import sglang, vllm
+from servelab.engines import llamacpp, sglang, vllm
 from servelab.engines.base import UnknownEngine
 from servelab.engines.spec import EngineSpec
 
@@ -27,8 +27,9 @@ __all__ = [
     "unregister",
 ]
 
-# The study's engines, in the order tables and figures show them.
-_BUILT_IN: tuple[EngineSpec, ...] = (vllm.SPEC, sglang.SPEC)
+# The built-in engines, in the order tables and figures show them: the study's two (a gap is
+# vLLM ÷ SGLang), then llama.cpp's llama-server (real only, no simulated model).
+_BUILT_IN: tuple[EngineSpec, ...] = (vllm.SPEC, sglang.SPEC, llamacpp.SPEC)
 
 _REGISTRY: dict[str, EngineSpec] = {spec.name: spec for spec in _BUILT_IN}
 

@@ -1,0 +1,167 @@
+"""The study's protocol on a real engine: llama.cpp's llama-server through the real Snakefile.
+
+`snakemake --cores 1 results/table5.csv --configfile config/llamacpp.yaml`, exactly as documented,
+in a scratch folder: the local backend starts the real server per arm, the gate reads the server's
+own start-up log, the real dispatcher sends the seeded traces, a real Prometheus scrapes /metrics,
+and the analysis writes Table 5 (one engine: the arm effect). Then a deliberately mismatched arm is
+refused, quoting llama-server's log line, and the measured runs stay as they were.
+
+Needs the llama-server binary (`make llama-server`) and the prometheus binary; .ci/run has both.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from servelab.deploy.llama_server import llama_server_binary
+from servelab.deploy.local import _alive, _read_state, _server_marker, prometheus_binary
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+CONDITION = "rate-0.50"
+REPS = ("rep1", "rep2")
+
+pytestmark = [
+    pytest.mark.llamacpp,
+    pytest.mark.prometheus,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        llama_server_binary() is None, reason="llama-server is not built (make llama-server)"
+    ),
+    pytest.mark.skipif(
+        prometheus_binary() is None, reason="the prometheus binary is not installed"
+    ),
+]
+
+
+def _snakemake(cwd: Path, *configfiles: str, target: str = "results/table5.csv"):
+    args = [str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--cores", "1"]
+    args += [target, "--configfile", *configfiles]
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("llamacpp-campaign")
+    (work / "config").mkdir()
+    shutil.copy(REPO / "config" / "config.yaml", work / "config" / "config.yaml")
+    shutil.copy(REPO / "config" / "llamacpp.yaml", work / "config" / "llamacpp.yaml")
+    done = _snakemake(work, "config/llamacpp.yaml")
+    yield work, done
+    # The workflow's onsuccess/onerror stops what the local backend started; check it did.
+    left = [
+        p
+        for p in (work / "results" / "deployments").glob("*/local.json")
+        if _alive(_read_state(p)["pid"], _server_marker(_read_state(p)))
+    ]
+    assert not left, f"servers left running: {left}"
+
+
+def _deployments(work: Path) -> dict[str, dict]:
+    out = {}
+    for path in sorted((work / "results" / "deployments").glob("*/resolved.json")):
+        resolved = json.loads(path.read_text())
+        out[path.parent.name.split("-")[0]] = resolved
+    return out
+
+
+def test_the_campaign_ends_with_table5_as_the_arm_effect(campaign) -> None:
+    work, done = campaign
+    assert done.returncode == 0, done.stderr[-4000:]
+    with (work / "results" / "table5.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["condition"], r["metric"]) for r in rows] == [
+        (CONDITION, "ttft_p50"),
+        (CONDITION, "ttft_p95"),
+        (CONDITION, "throughput"),
+    ]
+    for row in rows:
+        assert row["engine"] == "llamacpp" and row["n"] == "2"
+        defaults, matched, change = (float(row[k]) for k in ("defaults", "matched", "change"))
+        assert defaults > 0 and matched > 0
+        # the paired change is the geometric mean of per-rep ratios: between their extremes
+        assert float(row["ci_low"]) <= change <= float(row["ci_high"])
+
+
+def test_each_arm_resolved_what_its_server_logged(campaign) -> None:
+    work, done = campaign
+    assert done.returncode == 0, done.stderr[-4000:]
+    deployments = _deployments(work)
+    assert set(deployments) == {"defaults", "matched"}
+    defaults, matched = deployments["defaults"], deployments["matched"]
+    assert defaults["engine"] == matched["engine"] == "llamacpp"
+    assert defaults["chunked_prefill"] is False and defaults["chunk_size"] is None
+    assert matched["chunked_prefill"] is True and matched["chunk_size"] == 256
+    for resolved in (defaults, matched):
+        deployment_dir = work / "results" / "deployments" / resolved["deployment_id"]
+        startup = (deployment_dir / "startup.log").read_text().splitlines()
+        line = resolved["evidence_lines"]["chunked_prefill"]
+        # the evidence is the real server's own line, at the line number recorded
+        assert startup[line - 1].strip() == resolved["evidence"]["chunked_prefill"].strip()
+        assert "n_batch" in startup[line - 1]
+
+
+def test_runs_hold_real_telemetry_and_no_kv_usage_it_did_not_export(campaign) -> None:
+    work, done = campaign
+    assert done.returncode == 0, done.stderr[-4000:]
+    for arm in ("defaults", "matched"):
+        for rep in REPS:
+            run_dir = work / "results" / "runs" / arm / "llamacpp" / CONDITION / rep
+            record = json.loads((run_dir / "run.json").read_text())
+            assert record["backend"] == "local" and record["status"] == "ok"
+            requests = pq.read_table(run_dir / "requests.parquet").to_pylist()
+            trace = pq.read_table(work / "results" / "traces" / CONDITION / rep / "trace.parquet")
+            # every request of the seeded trace has its row, and the real server served each
+            measured = [r for r in requests if not r["warmup"]]
+            assert len(measured) == trace.num_rows > 20
+            assert all(r["status"] == "ok" for r in requests)
+            telemetry = pq.read_table(run_dir / "telemetry.parquet").to_pydict()
+            metrics = set(telemetry["metric"])
+            assert {"requests_running", "requests_waiting"} <= metrics
+            assert "prompt_tokens_cached_total" in metrics
+            assert "kv_cache_usage" not in metrics
+            cached = [
+                v
+                for m, v in zip(telemetry["metric"], telemetry["value"], strict=True)
+                if m == "prompt_tokens_cached_total"
+            ]
+            # σ = 0.5: the shared prefix is served from the slots' cache, and the counter
+            # only grows
+            assert cached[-1] > 0 and cached == sorted(cached)
+
+
+def test_a_mismatched_arm_is_refused_quoting_the_servers_line(campaign) -> None:
+    work, done = campaign
+    assert done.returncode == 0, done.stderr[-4000:]
+    measured = work / "results" / "runs" / "defaults" / "llamacpp" / CONDITION / "rep1"
+    before = hashlib.sha256((measured / "requests.parquet").read_bytes()).hexdigest()
+    wrong = {
+        "arms": {
+            "matched": {
+                "engines": {
+                    "llamacpp": {
+                        "flags": ["--batch-size=256"],
+                        "expect": {"chunked_prefill": True, "chunk_size": 512},
+                    }
+                }
+            }
+        }
+    }
+    (work / "config" / "mismatched.yaml").write_text(yaml.safe_dump(wrong))
+    refused = _snakemake(work, "config/llamacpp.yaml", "config/mismatched.yaml")
+    assert refused.returncode != 0
+    logs = "".join(p.read_text() for p in (work / "results" / "logs").rglob("*.log"))
+    assert "resolved chunk_size=256, expected 512" in logs
+    assert "n_batch" in logs and "= 256" in logs  # llama-server's own line, quoted
+    after = hashlib.sha256((measured / "requests.parquet").read_bytes()).hexdigest()
+    assert after == before
