@@ -73,6 +73,7 @@ SERVER_START_TIMEOUT_S = 180.0
 PROMETHEUS_START_TIMEOUT_S = 60.0
 TARGET_UP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+ENGINE_WATCH_S = 0.5  # how often a real server's process is checked during a run
 PROMETHEUS_DIR = "_prometheus"
 
 # Processes started by this Python process, so they can be reaped (no zombies) when stopped.
@@ -564,9 +565,8 @@ class LocalBackend:
         state = _read_state(deployment_dir / "local.json") or {}
         node_id, instance_id = state.get("node_id"), state.get("instance_id")
         if state.get("real_server"):
-            # A real server knows no ids of ours: the instance is the process we started.
-            if not _alive(state.get("pid"), _server_marker(state)):
-                instance_id = None
+            # A real server knows no ids of ours: the instance is the process we started (a
+            # restart gives a new one; a process that died is the engine watch's business).
             return {"hostname": self.hostname, "node_id": node_id, "instance_id": instance_id}
         try:
             ident = httpx.get(f"{state['base_url']}/servelab/instance", timeout=5.0).json()
@@ -658,10 +658,30 @@ class LocalBackend:
                         ),
                     }
                 },
-                actions=[TimedAction(**a) for a in actions],
+                actions=[TimedAction(**a) for a in actions] + self._engine_watch(state),
                 progress_interval_s=self.progress_interval_s,
             ),
         )
+
+    @staticmethod
+    def _engine_watch(state: Mapping[str, Any]) -> list[TimedAction]:
+        """A real server that dies mid-run ends the run there (status interrupted, every request
+        recorded), rather than the rest failing one by one against a closed port. The node did
+        not change, so this is no reclamation: the attempt is retried like a failed one."""
+        if not state.get("real_server"):
+            return []
+        pid, marker = state["pid"], _server_marker(state)
+
+        def exited() -> str | None:
+            if _alive(pid, marker):
+                return None
+            return f"the engine's server process (pid {pid}) exited during the run"
+
+        return [
+            TimedAction(
+                at_s=ENGINE_WATCH_S, action=exited, reason="engine watch", every_s=ENGINE_WATCH_S
+            )
+        ]
 
     def _fault_actions(
         self, request: RunRequest, deployment: Mapping[str, Any], deployment_dir: Path

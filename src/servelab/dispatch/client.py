@@ -13,6 +13,9 @@ Run protocol (the same as the simulator's; docs/live.md, "The dispatcher"):
    that fails (HTTP error, malformed stream, connection reset, the server gone) is recorded with
    status `error` and the reason; one with no complete answer within `request_timeout_s` with
    status `timeout`. Nothing is dropped, and a failed request still releases its dependents.
+   A request written on a reused keep-alive connection that closes before any answer was never
+   answered (the server closed the connection idle): it is sent again on another connection
+   (`stale_retries` in the result; servelab.dispatch.paced says which server does this).
 
 Clock: `time.perf_counter()` relative to the run start. `scheduled_s` is when the trace says the
 request should go; `sent_s` is when the dispatcher hands it to the HTTP client (the logical
@@ -84,6 +87,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SPIN_S = 0.002
+# Sends of a request again after a reused keep-alive connection closed without an answer.
+STALE_RETRIES = 2
 # "paced": a pacer process sends, the event loop reads (servelab.dispatch.paced; the default).
 # "httpx": one event loop does both through httpx (the client the sends used to go through).
 CLIENTS = ("paced", "httpx")
@@ -110,6 +115,8 @@ class DispatchResult:
     send_overhead_s: dict[str, float | None]
     send_overhead_samples: list[float] = field(default_factory=list, repr=False)
     connections_opened: int | None = None  # the paced client counts them; httpx does not say
+    # Requests sent again because a reused keep-alive connection closed before any answer.
+    stale_retries: int = 0
 
 
 def overhead_summary(values: Sequence[float]) -> dict[str, float | None]:
@@ -158,8 +165,8 @@ async def wait_healthy(
             last = f"{type(exc).__name__}: {exc}"
         if time.perf_counter() + interval_s > deadline:
             raise DispatchError(
-                f"{client.base_url}health did not answer 200 within {timeout_s:g} s "
-                f"({attempts} polls; last: {last})"
+                f"{str(client.base_url).rstrip('/')}/health did not answer 200 within "
+                f"{timeout_s:g} s ({attempts} polls; last: {last})"
             )
         await asyncio.sleep(interval_s)
 
@@ -271,6 +278,7 @@ class Dispatcher:
         self._stop_reason: str | None = None
         self._actions_started: set[TimedAction] = set()
         self._send_overheads: list[float] = []
+        self._stale_retries = 0  # httpx client: requests sent again (a stale keep-alive connection)
         self._clients: ClientPool  # httpx client: set when the run starts (arun)
         self._paced: PacedClient | None = None  # the paced client, set by arun
         self._events: dict[str, tuple[Any, Any]] = {}
@@ -394,6 +402,9 @@ class Dispatcher:
             send_overhead_samples=overheads,
             connections_opened=(
                 self._paced.connections_opened if self._paced is not None else None
+            ),
+            stale_retries=(
+                self._paced.stale_retries if self._paced is not None else self._stale_retries
             ),
         )
 
@@ -615,21 +626,38 @@ class Dispatcher:
 
     async def _stream(self, client: httpx.AsyncClient, rec: RequestRecord) -> None:
         rec.sent_s = sent = self.clock()
+        overhead: list[float] = []  # the last attempt's (a stale connection's retry pays both)
+        connected: list[bool] = []  # a new connection was opened for this attempt
 
         async def trace_hook(name: str, info: dict[str, Any]) -> None:
             if name == "http11.send_request_headers.started":
-                self._send_overheads.append(self.clock() - sent)
+                overhead[:] = [self.clock() - sent]
+            elif name == "connection.connect_tcp.started":
+                connected.append(True)
 
-        request = client.build_request(
-            "POST",
-            "/v1/completions",
-            content=self._bodies[rec.request_id],
-            headers={"content-type": "application/json"},
-            extensions={"trace": trace_hook},
-        )
+        def build() -> httpx.Request:
+            return client.build_request(
+                "POST",
+                "/v1/completions",
+                content=self._bodies[rec.request_id],
+                headers={"content-type": "application/json"},
+                extensions={"trace": trace_hook},
+            )
+
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                response = await client.send(request, stream=True)
+                for attempt in range(STALE_RETRIES + 1):
+                    connected.clear()
+                    try:
+                        response = await client.send(build(), stream=True)
+                        break
+                    except (httpx.RemoteProtocolError, httpx.ReadError):
+                        # no response on a reused keep-alive connection: the server closed it
+                        # idle (llama-server closes every connection after a streamed response;
+                        # servelab.dispatch.paced's docstring has the source)
+                        if connected or attempt == STALE_RETRIES:
+                            raise
+                        self._stale_retries += 1
                 try:
                     if response.status_code != 200:
                         body = (await response.aread()).decode("utf-8", "replace")
@@ -646,6 +674,7 @@ class Dispatcher:
             rec.error = describe_error(exc)
         finally:
             rec.finished_s = self.clock()
+            self._send_overheads.extend(overhead)
 
     async def _read_events(self, response: httpx.Response, rec: RequestRecord) -> None:
         stream = ChunkRecorder(rec)

@@ -19,6 +19,18 @@ A connection belongs to one side at a time, so nothing is shared:
 Everything that ends a request (status, dependents' release) happens on the loop; a release
 pushes the dependent into the pacer's schedule.
 
+A server may close a keep-alive connection just after a complete response although it announced
+keep-alive. llama.cpp's llama-server closes every connection after a streamed response: its chunked
+content provider returns false after `sink.done()` (llama.cpp 0c1e570 (vendored in
+llama-cpp-python 0.3.36), tools/server/server-http.cpp, process_handler_response), which
+cpp-httplib takes for a cancelled write, so the keep-alive loop ends and the socket is drained for
+100 ms and closed (same tree, vendor/cpp-httplib/httplib.cpp, write_content_chunked,
+process_server_socket_core, drain_and_close_socket). A dependent released by that response can
+be written into the connection before the close is seen. A request written on a reused
+connection that ends before a single byte of answer was never answered, so it is sent once more
+on a new connection (`stale_retries` counts them); its `sent_s` stays the first send, so the
+retry's time is part of its TTFT.
+
 HTTP only (`http://`): the in-cluster and local endpoints are plain HTTP; use the httpx client for
 `https://`.
 """
@@ -76,16 +88,20 @@ class _Connection:
     """A connection while it serves one request (between requests the pacer keeps it)."""
 
     __slots__ = (
+        "connecting",
         "deadline",
         "error_body",
         "h11",
         "rec",
+        "received",
         "recorder",
+        "retry",
+        "reused",
         "sock",
         "status",
     )
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, reused: bool = False, retry: bool = False) -> None:
         self.sock = sock
         self.h11 = h11.Connection(h11.CLIENT)
         self.rec: RequestRecord | None = None
@@ -93,8 +109,14 @@ class _Connection:
         self.status = 0
         self.error_body = b""
         self.deadline: asyncio.TimerHandle | None = None
+        self.received = 0  # bytes of the answer read so far
+        self.reused = reused  # a keep-alive connection an earlier request used
+        self.retry = retry  # the second send of a request a reused connection dropped
+        self.connecting: asyncio.Task[None] | None = None  # a retry's connect under way
 
     def close(self) -> None:
+        if self.connecting is not None and not self.connecting.done():
+            return  # the connect under way closes the socket once it is cancelled
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -137,6 +159,7 @@ class PacedClient:
         self._timeout_s = float(request_timeout_s)
         self._connect_timeout_s = float(connect_timeout_s)
         self._host, self._port = parts.hostname, parts.port or 80
+        self._address: tuple[Any, ...] | None = None  # getaddrinfo entry, set by start()
         self._events = requests
         self._bytes = {rid: request_bytes(events) for rid, events in requests.items()}
         self._lookup = lookup
@@ -151,6 +174,7 @@ class PacedClient:
         self.connections_opened = 0
         self.partial_writes = 0  # requests the socket did not take whole (the loop wrote the rest)
         self.taken = 0  # requests the pacer has sent (or failed to)
+        self.stale_retries = 0  # requests sent again: a reused connection closed unanswered
         self.pacer_cpu_s = 0.0  # the pacer process's CPU time, reported when it stops
 
     # ------------------------------------------------------------ the pacer process
@@ -158,6 +182,7 @@ class PacedClient:
     async def start(self) -> None:
         """Start the pacer process (before the clock starts: it loads every request)."""
         infos = await self._loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+        self._address = infos[0]
         self._pacer = await asyncio.to_thread(
             PacerProcess,
             address=infos[0],
@@ -250,12 +275,18 @@ class PacedClient:
         rec.scheduled_s, rec.sent_s = due, sent_s
         self.send_overheads.append(overhead_s)
         self.connections_opened += fresh
-        conn = _Connection(sock)
-        for event in self._events[rid]:  # our h11 state: the request has gone out
+        conn = self._connection(sock, rec, reused=not fresh)
+        self._started(conn, self._bytes[rid][written:])
+
+    def _connection(
+        self, sock: socket.socket, rec: RequestRecord, *, reused: bool = False, retry: bool = False
+    ) -> _Connection:
+        conn = _Connection(sock, reused=reused, retry=retry)
+        for event in self._events[rec.request_id]:  # our h11 state: the request has gone out
             conn.h11.send(event)
         conn.h11.send(_END)
         conn.rec = rec
-        self._started(conn, self._bytes[rid][written:])
+        return conn
 
     # ------------------------------------------------------------ event loop thread
 
@@ -263,15 +294,21 @@ class PacedClient:
         rec = conn.rec
         assert rec is not None and rec.sent_s is not None
         self._active.add(conn)
-        conn.deadline = self._loop.call_later(
-            max(0.0, rec.sent_s + self._timeout_s - self._clock()), self._timed_out, conn
-        )
+        self._arm(conn)
         self._loop.add_reader(conn.sock.fileno(), self._readable, conn)
         if rest:  # the socket's buffer was full: the loop writes the rest
             self.partial_writes += 1
             task = self._loop.create_task(self._write_rest(conn, rest))
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
+
+    def _arm(self, conn: _Connection) -> None:
+        """The request's deadline: `request_timeout_s` after it was first sent."""
+        rec = conn.rec
+        assert rec is not None and rec.sent_s is not None
+        conn.deadline = self._loop.call_later(
+            max(0.0, rec.sent_s + self._timeout_s - self._clock()), self._timed_out, conn
+        )
 
     async def _write_rest(self, conn: _Connection, rest: bytes) -> None:
         try:
@@ -286,8 +323,15 @@ class PacedClient:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._fail(conn, os_error("ReadError", exc))
+            if self._unanswered_on_reuse(conn):
+                self._retry_stale(conn)
+            else:
+                self._fail(conn, os_error("ReadError", exc))
             return
+        if not data and self._unanswered_on_reuse(conn):
+            self._retry_stale(conn)
+            return
+        conn.received += len(data)
         now = self._clock()
         rec = conn.rec
         assert rec is not None
@@ -321,6 +365,50 @@ class PacedClient:
                 # InformationalResponse (1xx): nothing to record
         except h11.RemoteProtocolError as exc:
             self._fail(conn, f"RemoteProtocolError: {exc}")
+
+    def _unanswered_on_reuse(self, conn: _Connection) -> bool:
+        """The connection ends before any answer, and it was reused (the server closed it idle)."""
+        return conn.reused and not conn.retry and conn.received == 0 and self._stopped is None
+
+    def _retry_stale(self, conn: _Connection) -> None:
+        """Send the request once more, on a new connection (the deadline stays the first send's)."""
+        rec = conn.rec
+        assert rec is not None and self._address is not None
+        self._detach(conn)
+        conn.close()
+        self.stale_retries += 1
+        family, kind, proto, _, _ = self._address
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        retry = self._connection(sock, rec, retry=True)
+        self._active.add(retry)  # a stop or the deadline ends it like any request in flight
+        self._arm(retry)
+        retry.connecting = task = self._loop.create_task(self._reconnect(retry))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        log.debug("request %s: the reused connection closed unanswered; sent again", rec.request_id)
+
+    async def _reconnect(self, conn: _Connection) -> None:
+        assert self._address is not None and conn.rec is not None
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                await self._loop.sock_connect(conn.sock, self._address[4])
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except asyncio.CancelledError:  # the request ended meanwhile (deadline, stop)
+            conn.sock.close()
+            raise
+        except (OSError, TimeoutError) as exc:
+            conn.connecting = None
+            if conn in self._active:
+                self._fail(conn, os_error("ConnectError", exc))
+            return
+        conn.connecting = None
+        if conn not in self._active:  # ended just as the connect completed
+            conn.close()
+            return
+        self.connections_opened += 1
+        self._loop.add_reader(conn.sock.fileno(), self._readable, conn)
+        await self._write_rest(conn, self._bytes[conn.rec.request_id])
 
     def _complete(self, conn: _Connection) -> None:
         rec = conn.rec
@@ -365,6 +453,8 @@ class PacedClient:
         if conn.deadline is not None:
             conn.deadline.cancel()
             conn.deadline = None
+        if conn.connecting is not None:  # a retry still connecting: it never sends
+            conn.connecting.cancel()
         with contextlib.suppress(OSError, ValueError):  # already closed
             self._loop.remove_reader(conn.sock.fileno())
 

@@ -185,6 +185,7 @@ def run_parallel(
             if head_result.connections_opened is None
             else sum(r.connections_opened or 0 for r in [head_result, *results])
         ),
+        stale_retries=sum(r.stale_retries for r in [head_result, *results]),
     )
 
 

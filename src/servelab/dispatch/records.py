@@ -125,7 +125,14 @@ class ChunkRecorder:
             if usage:
                 completion = usage.get("completion_tokens")
                 if isinstance(completion, int):
-                    tokens = completion - self._last_completion
+                    # Once a chunk came without usage (counted by its text), a later total also
+                    # covers those chunks: it is not this chunk's count. llama-server puts its
+                    # only usage on a last chunk with an empty text: llama.cpp 0c1e570 (vendored
+                    # in llama-cpp-python 0.3.36), tools/server/server-context.cpp,
+                    # send_final_response, and tools/server/server-task.cpp,
+                    # server_task_result_cmpl_final::to_json_oaicompat.
+                    if rec.chunk_texts is None:
+                        tokens = completion - self._last_completion
                     self._last_completion = completion
                     rec.output_tokens = completion
                 if isinstance(usage.get("prompt_tokens"), int):

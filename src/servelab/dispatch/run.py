@@ -201,6 +201,7 @@ def dispatch_run(
             "workers": workers,
             "client": client,
             "connections_opened": result.connections_opened,
+            "stale_retries": result.stale_retries,
         },
     }
     if result.interrupted:

@@ -1,0 +1,151 @@
+"""The local backend's faults against the real llama-server, through the campaign functions the
+Snakemake rules call: the server killed mid-run ends the run as `interrupted` with every request
+recorded, and a server that never answers /health in time is refused naming the deployment.
+
+(The dispatcher's own faults against the real server, a request timeout and a server that
+stops answering before the run, are in test_llamacpp_wire.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from snakemake.utils import update_config
+
+from servelab import campaign
+from servelab import config as grid
+from servelab.artifacts import read_run_json
+from servelab.deploy.llama_server import llama_server_binary
+from servelab.deploy.local import LocalBackend, LocalError, prometheus_binary, stop_all
+from servelab.workload import compile_trace_files
+
+pytestmark = [
+    pytest.mark.llamacpp,
+    pytest.mark.prometheus,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        llama_server_binary() is None, reason="llama-server is not built (make llama-server)"
+    ),
+    pytest.mark.skipif(prometheus_binary() is None, reason="prometheus is not installed"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+CONDITION = "rate-0.50"
+KILL_AT_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    update_config(cfg, yaml.safe_load((REPO / "config" / "llamacpp.yaml").read_text()))
+    grid.drop_removed_engines(cfg)
+    cfg["campaign"].update(retries=0)
+    grid.validate_config(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("llamacpp-faults")
+    condition = config["conditions"][0]
+    out = root / "traces" / CONDITION / "rep1"
+    compile_trace_files(
+        condition=CONDITION,
+        rep="rep1",
+        seed=grid.trace_seed(config["campaign_seed"], CONDITION, "rep1"),
+        rate=condition["rate"],
+        sharing=condition["sharing"],
+        prompt_tokens=condition["prompt_tokens"],
+        duration_s=condition["duration_s"],
+        workload=config["workload"],
+        tokenizer=config["tokenizer"],
+        trace_path=out / "trace.parquet",
+        manifest_path=out / "manifest.json",
+    )
+    yield root
+    stop_all(root)
+
+
+def _deployment(config: dict) -> dict:
+    d = grid.deployment_for(config, "defaults", "llamacpp", CONDITION)
+    return {
+        "deployment_id": d.id,
+        "arm": "defaults",
+        "engine": "llamacpp",
+        "flags": list(d.flags),
+        "image": None,
+        "port": config["engines"]["llamacpp"]["port"],
+        "expect_chunked_prefill": d.expect_chunked_prefill,
+        "expect_chunk_size": d.expect_chunk_size,
+    }
+
+
+def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dict) -> None:
+    dep = _deployment(config)
+    folder = results / "deployments" / dep["deployment_id"]
+    campaign.deploy(
+        deployment=dep,
+        backend="local",
+        gpu=config["gpu"],
+        model=config["model"],
+        kubernetes={},
+        manifest_path=str(results / "manifest.yaml"),
+        startup_log_path=str(folder / "startup.log"),
+        resolved_path=str(folder / "resolved.json"),
+    )
+    run_id = f"defaults/llamacpp/{CONDITION}/rep1"
+    traces = results / "traces" / CONDITION / "rep1"
+    campaign.execute_run(
+        settings={
+            "backend": "local",
+            "arm": "defaults",
+            "engine": "llamacpp",
+            "condition": CONDITION,
+            "rep": "rep1",
+            "offered_load_rps": 3.0,
+            "gpu": config["gpu"],
+            "model": config["model"],
+            "dispatch": config["dispatch"],
+            "campaign": config["campaign"],
+            "telemetry": config["telemetry"],
+            "faults": [{"run": run_id, "kind": "fail", "at_s": KILL_AT_S}],
+            "kubernetes": {},
+        },
+        deployment=dep,
+        results_dir=str(results),
+        trace_path=str(traces / "trace.parquet"),
+        manifest_path=str(traces / "manifest.json"),
+        resolved_path=str(folder / "resolved.json"),
+    )
+    run_dir = results / "runs" / run_id
+    record = read_run_json(run_dir / "run.json")
+    assert record["status"] == "interrupted"
+    assert "server process (pid" in record["interrupted_reason"]
+    assert "exited during the run" in record["interrupted_reason"]
+    requests = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    trace_rows = pq.read_table(traces / "trace.parquet").num_rows
+    measured = [r for r in requests if not r["warmup"]]
+    assert len(measured) == trace_rows  # nothing lost: sent or not, every request has its row
+    ok = [r for r in measured if r["status"] == "ok"]
+    assert ok, "requests before the kill were served"
+    assert all(r["chunk_times_s"][-1] <= KILL_AT_S + 1.0 for r in ok)
+    unsent = [r for r in measured if r["sent_s"] is None]
+    assert unsent and all("not sent" in r["error"] for r in unsent)
+    assert {r["status"] for r in measured} <= {"ok", "error"}
+    assert record["local"]["model_sha256"] and "llama-server" in record["local"]["server_command"]
+
+
+def test_a_server_not_ready_in_time_is_refused_naming_the_deployment(
+    results: Path, config: dict
+) -> None:
+    dep = {**_deployment(config), "deployment_id": "defaults-llamacpp-slowstart"}
+    backend = LocalBackend(gpu=config["gpu"], model=config["model"], server_start_timeout_s=0.05)
+    folder = results / "deployments" / dep["deployment_id"]
+    with pytest.raises(
+        LocalError, match=r"defaults-llamacpp-slowstart: server not up within 0.05 s"
+    ):
+        backend.start_server(dep, folder)
