@@ -16,9 +16,11 @@ import pytest
 from scipy import stats as sps
 
 from servelab.analysis import write_table
+from servelab.analysis.numbers import build_numbers, clean
 from servelab.analysis.pipeline import build_analysis
 from servelab.analysis.show import show_table
-from servelab.analysis.synthetic import RunSpec, write_simple_run
+from servelab.analysis.synthetic import RunSpec, telemetry_table, write_simple_run
+from servelab.artifacts import TELEMETRY_SCHEMA, write_parquet
 from servelab.config import analysis_settings
 
 CONDITION = "rate-0.30"
@@ -124,3 +126,23 @@ def test_the_settings_come_from_the_config(study_config: dict) -> None:
     }
     assert analysis_settings(one)["engines"] == ["llamacpp"]
     assert analysis_settings(one)["table_conditions"] == [CONDITION]
+
+
+def test_a_run_without_a_kv_series_has_an_empty_kv_peak(tmp_path: Path) -> None:
+    """llama.cpp exports no KV-cache usage: its runs' telemetry has no such rows, and the
+    KV-peak cell is empty (null in numbers.json), never a 0."""
+    dirs = _build(tmp_path)
+    for run_dir in dirs:
+        run_id = "/".join(run_dir.parts[-4:])
+        samples = [(t, "requests_running", 2.0) for t in (0.0, 1.0, 2.0)]
+        samples += [(t, "prompt_tokens_cached_total", 10.0 * t) for t in (0.0, 1.0, 2.0)]
+        write_parquet(
+            run_dir / "telemetry.parquet",
+            telemetry_table(samples, run_id, "llamacpp"),
+            TELEMETRY_SCHEMA,
+        )
+    an = build_analysis(dirs, **SETTINGS)
+    group = an.group("defaults", "llamacpp", CONDITION)
+    assert group.n == 3 and math.isnan(group.kv_peak_mean)
+    entry = clean(build_numbers(an))["groups"][f"defaults/llamacpp/{CONDITION}"]
+    assert entry["kv_peak_mean"] is None and entry["kv_peak"] == [None, None, None]

@@ -67,9 +67,10 @@ def _gap_point(an: Analysis, arm: str, condition: str, metric: str) -> dict[str,
 
 
 def figure1(an: Analysis) -> dict[str, Any]:
-    """Decomposition: Table 5's gaps, defaults against matched, with φ."""
-    rows = []
-    for row in an.table5_rows(table5_keys(an.table_conditions)):
+    """Decomposition: Table 5's gaps, defaults against matched, with φ (none for one engine)."""
+    rows: list[dict[str, Any]] = []
+    keys = table5_keys(an.table_conditions) if len(an.engines) == 2 else ()
+    for row in an.table5_rows(keys):
         d = an.gap("defaults", str(row["condition"]), str(row["metric"])).gap
         m = an.gap("matched", str(row["condition"]), str(row["metric"])).gap
         rows.append(
@@ -179,7 +180,7 @@ def figure9(an: Analysis) -> dict[str, Any]:
         "gap": [
             _gap_point(an, "defaults", c, "ttft_p50")
             for c in an.sweep_conditions("defaults", "sharing")
-            if an.runset.pairs("defaults", c, an.engine_pair)
+            if c in an.paired_conditions("defaults")
         ],
     }
 
@@ -258,9 +259,7 @@ def figure12(an: Analysis) -> dict[str, Any]:
 def figure13(an: Analysis) -> dict[str, Any]:
     """Paired gap in median and p95 TTFT across the rate sweep, vendor defaults."""
     conds = [
-        c
-        for c in an.sweep_conditions("defaults", "rate")
-        if an.runset.pairs("defaults", c, an.engine_pair)
+        c for c in an.sweep_conditions("defaults", "rate") if c in an.paired_conditions("defaults")
     ]
     return {m: [_gap_point(an, "defaults", c, m) for c in conds] for m in ("ttft_p50", "ttft_p95")}
 
