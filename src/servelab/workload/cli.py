@@ -1,4 +1,5 @@
-"""`servelab trace compile|validate|show`: the trace compiler and validator outside Snakemake."""
+"""`servelab trace compile|validate|show|export`: the trace compiler, validator and peer export
+outside Snakemake."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from servelab.artifacts import TRACE_SCHEMA, read_parquet, read_trace_manifest
 from servelab.config import load_config
 from servelab.workload.compiler import compile_from_config
+from servelab.workload.export import EXPORT_FORMATS, export_trace_files, meta_path
 from servelab.workload.validate import check_results
 
 __all__ = ["register"]
@@ -51,6 +53,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     show.set_defaults(func=_show)
 
+    export = sub.add_parser(
+        "export",
+        help="write a compiled trace as a flat timestamped trace for a peer load generator",
+        description="Dependencies become fixed offsets: a root is sent at its arrival, a dependent "
+        "at the latest of its predecessors' send times plus its tool delay (docs/workload.md, "
+        "'Export for peers'). Writes OUT and OUT.meta.json.",
+    )
+    export.add_argument("dir", help="folder holding trace.parquet and manifest.json")
+    export.add_argument(
+        "--format", required=True, choices=EXPORT_FORMATS, help="the peer's trace format"
+    )
+    export.add_argument("--out", help="output file (default: DIR/export-FORMAT.jsonl)")
+    export.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="do not ask the peer to send ignore_eos (the dispatcher's default is to send it)",
+    )
+    export.set_defaults(func=_export)
+
 
 def _compile(args: argparse.Namespace) -> int:
     config = load_config(args.config)
@@ -66,6 +88,24 @@ def _compile(args: argparse.Namespace) -> int:
         f"{out / TRACE_FILE}: {manifest['n_requests']} requests in {manifest['n_graphs']} graphs, "
         f"L={manifest['prompt_tokens']} F={manifest['prefix_tokens']} "
         f"σ={manifest['achieved_sharing']:.4f}; all six checks passed"
+    )
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    folder = Path(args.dir)
+    out = Path(args.out) if args.out else folder / f"export-{args.format}.jsonl"
+    meta = export_trace_files(
+        trace_path=folder / TRACE_FILE,
+        manifest_path=folder / MANIFEST_FILE,
+        out_path=out,
+        fmt=args.format,
+        ignore_eos=args.ignore_eos,
+    )
+    print(
+        f"{out}: {meta['n_requests']} requests as {args.format} "
+        f"(aiperf --custom-dataset-type {meta['peer_dataset_type']}); "
+        f"dependencies flattened to fixed offsets, see {meta_path(out)}"
     )
     return 0
 
