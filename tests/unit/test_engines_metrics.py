@@ -21,8 +21,13 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "engine-logs"
 
 
 def test_the_map_covers_the_canonical_names_and_sglang_has_no_preemption_counter():
-    assert canonical_metrics("vllm") == sorted(TELEMETRY_METRICS)
-    assert canonical_metrics("sglang") == sorted(set(TELEMETRY_METRICS) - {"preemptions_total"})
+    # only llama.cpp counts cached prompt tokens; every canonical name is some engine's
+    cached = {"prompt_tokens_cached_total"}
+    assert canonical_metrics("vllm") == sorted(set(TELEMETRY_METRICS) - cached)
+    assert canonical_metrics("sglang") == sorted(
+        set(TELEMETRY_METRICS) - {"preemptions_total"} - cached
+    )
+    assert set(TELEMETRY_METRICS) == {m for e in METRIC_MAP for m in canonical_metrics(e)}
     assert METRIC_MAP["vllm"]["kv_cache_usage"] == "vllm:gpu_cache_usage_perc"
     assert METRIC_MAP["sglang"]["kv_cache_usage"] == "sglang:token_usage"
     assert METRIC_MAP["sglang"]["requests_waiting"] == "sglang:num_queue_reqs"
