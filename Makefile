@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test lint format all clean-results llama-server llamacpp
+.PHONY: table5 test lint format all clean-results llama-server llamacpp verify
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -51,6 +51,36 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Re-analysis without a GPU (docs/artifact.md): rebuilds a bundle's tables, figures and numbers
+# from its run artifacts and compares them byte for byte with the ones it ships. It runs in
+# .venv-verify, built only from requirements/verify.lock (exact versions, PyPI hashes; regenerate
+# it with tools/lock-verify-env.sh), and rebuilt from scratch whenever the lock is newer.
+# Usage: make verify BUNDLE=path/to/bundle.tar.gz
+VERIFY_VENV  := .venv-verify
+VERIFY_STAMP := $(VERIFY_VENV)/.installed
+
+ifneq ($(filter verify,$(MAKECMDGOALS)),)
+ifeq ($(strip $(BUNDLE)),)
+$(error make verify needs the bundle to check: make verify BUNDLE=path/to/bundle.tar.gz \
+(made by `servelab bundle` or `snakemake results/bundle.tar.gz`))
+endif
+endif
+
+# The bundle is checked first: a mistyped path should not wait for the environment to be built.
+verify:
+	@test -f '$(BUNDLE)' || { echo "make verify: BUNDLE=$(BUNDLE): no such file" >&2; exit 2; }
+	@$(MAKE) --no-print-directory $(VERIFY_STAMP)
+	$(VERIFY_VENV)/bin/servelab verify '$(BUNDLE)'
+
+# --no-deps everywhere and --no-build-isolation: nothing is installed that the lock does not pin
+# (the lock holds the build backend too), so the environment is the same on every machine.
+$(VERIFY_STAMP): requirements/verify.lock pyproject.toml
+	rm -rf $(VERIFY_VENV)
+	$(PYTHON) -m venv $(VERIFY_VENV)
+	$(VERIFY_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements/verify.lock
+	$(VERIFY_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(VERIFY_STAMP)
 
 clean-results:
 	rm -rf results/* .snakemake

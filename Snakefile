@@ -16,6 +16,7 @@ include: "workflow/rules/telemetry.smk"
 include: "workflow/rules/restart.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/status.smk"
+include: "workflow/rules/bundle.smk"
 
 
 rule all:

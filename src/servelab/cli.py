@@ -20,6 +20,8 @@ COMMANDS = {
     "analyze": "servelab.analysis.cli",
     "table": "servelab.analysis.show",
     "campaign": "servelab.campaign_cli",
+    "bundle": "servelab.bundle_cli",
+    "verify": "servelab.bundle_cli",
 }
 
 

@@ -407,7 +407,15 @@ def _batchable(plan: Plan) -> bool:
 
 def scratch_copy(dest: Path) -> Path:
     """The checkout as a clean clone has it: no results, no venv, no Snakemake state."""
-    skip = {".git", ".venv", ".snakemake", "__pycache__", ".pytest_cache", ".ruff_cache"}
+    skip = {
+        ".git",
+        ".venv",
+        ".venv-verify",
+        ".snakemake",
+        "__pycache__",
+        ".pytest_cache",
+        ".ruff_cache",
+    }
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         here = Path(folder).resolve()
