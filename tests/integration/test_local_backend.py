@@ -295,20 +295,16 @@ def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
     live = "deployments/" + dep["deployment_id"]
     state = (f"{live}/local", f"{live}/server", "deployments/_prometheus")
     before = {k: v for k, v in _files(root).items() if not k.startswith(state)}
-    record = campaign.execute_block(
-        identity={
-            "deployment": identity.deployment_identity(config, dep),
-            "run": identity.run_identity(config, run),
-            "reps": ["rep1", "rep2"],
-        },
-        operational=identity.operational_settings(config),
-        faults=[fault],
-        results_dir=str(root),
-        traces=[str(t / "trace.parquet") for t in traces],
-        manifests=[str(t / "manifest.json") for t in traces],
-        resolved_path=str(root / "deployments" / dep["deployment_id"] / "resolved.json"),
-        block_json_path=str(block.block_json),
-    )
+    try:
+        record = _reclaimed_block(root, config, dep, run, fault, traces, block)
+    finally:
+        # this test's own results folder: its server and Prometheus are not the module fixture's
+        stop_all(root)
+    assert not [
+        p
+        for p in root.glob("deployments/*/local.json")
+        if _alive(_read_state(p)["pid"], _read_state(p)["instance_id"])
+    ]
     after = _files(root)
     assert {k: after.get(k) for k in before} == before
     owned = ("runs/defaults/sglang/" + CONDITION + "/", "discarded/defaults/sglang/" + CONDITION)
@@ -324,3 +320,20 @@ def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
     for rep in ("rep1", "rep2"):
         again = read_run_json(block.run(rep).run_dir / "run.json")
         assert again["status"] == "ok" and again["node"]["start"] == again["node"]["end"]
+
+
+def _reclaimed_block(root, config, dep, run, fault, traces, block) -> dict:
+    return campaign.execute_block(
+        identity={
+            "deployment": identity.deployment_identity(config, dep),
+            "run": identity.run_identity(config, run),
+            "reps": ["rep1", "rep2"],
+        },
+        operational=identity.operational_settings(config),
+        faults=[fault],
+        results_dir=str(root),
+        traces=[str(t / "trace.parquet") for t in traces],
+        manifests=[str(t / "manifest.json") for t in traces],
+        resolved_path=str(root / "deployments" / dep["deployment_id"] / "resolved.json"),
+        block_json_path=str(block.block_json),
+    )
