@@ -14,6 +14,7 @@ include: "workflow/rules/deploy.smk"
 include: "workflow/rules/run.smk"
 include: "workflow/rules/telemetry.smk"
 include: "workflow/rules/restart.smk"
+include: "workflow/rules/defaults.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/status.smk"
 include: "workflow/rules/bundle.smk"
@@ -23,6 +24,7 @@ rule all:
     default_target: True
     input:
         tables=all_tables(),
+        defaults_diff=rules.defaults_diff.output.csv,
         figures=rules.figures.output.figures,
         numbers=rules.numbers.output.numbers,
         checksums=rules.checksums.output.checksums,

@@ -44,6 +44,7 @@ from servelab.artifacts import (
 )
 from servelab.config import (
     Run,
+    analysis_settings,
     conditions,
     deployment_for,
     read_config_file,
@@ -125,8 +126,9 @@ def target_runs(config: Mapping[str, Any], target: str) -> list[Run]:
     if target in ("table4", "table5", "table6"):
         paired = set(paired_conditions(config))
         grid = [run for run in grid if run.condition in paired]
-    if target == "table4":  # Table 4 compares SGLang's two deployments, by definition
-        grid = [run for run in grid if run.engine == "sglang"]
+    if target == "table4":  # Table 4: the control engine's two deployments (the study's SGLang)
+        engines = analysis_settings(config)["engines"]
+        grid = [run for run in grid if len(engines) == 2 and run.engine == engines[1]]
     return grid
 
 

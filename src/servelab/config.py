@@ -18,7 +18,12 @@ from typing import Any
 import jsonschema
 import yaml
 
-from servelab.engines.registry import engine_names, engine_specs
+from servelab.engines.registry import (
+    UnsupportedRelease,
+    check_release,
+    engine_names,
+    engine_specs,
+)
 from servelab.settings import DispatchSettings
 
 __all__ = [
@@ -73,7 +78,8 @@ class Deployment:
     @property
     def id(self) -> str:
         digest = hashlib.sha256("\0".join(self.flags).encode()).hexdigest()[:8]
-        return f"{self.arm}-{self.engine}-{digest}"
+        # A Kubernetes object is named by it (a DNS-1035 label): vllm_v1 -> vllm-v1.
+        return f"{self.arm}-{self.engine.replace('_', '-')}-{digest}"
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,11 @@ def _check_references(config: Mapping[str, Any]) -> None:
             "kubernetes.engine_url is https; set dispatch.client: httpx"
         )
     engines = list(config["engines"])
+    for engine in engines:
+        try:
+            check_release(engine, str(config["engines"][engine]["version"]))
+        except UnsupportedRelease as exc:
+            problems.append(f"config key engines.{engine}.version: {exc}")
     if len(engines) > 2:
         problems.append(
             f"config key engines: the analysis compares two engines (or one engine's two arms), "
@@ -326,6 +337,21 @@ def deployment_for(config: Mapping[str, Any], arm: str, engine: str, condition: 
         expect_chunked_prefill=bool(espec["expect"]["chunked_prefill"]),
         expect_chunk_size=espec["expect"].get("chunk_size"),
     )
+
+
+def vendor_default_flags(config: Mapping[str, Any], engine: str) -> tuple[str, ...]:
+    """`engine`'s command line under vendor defaults: the flags every deployment passes plus the
+    defaults arm's (no condition's), as results/defaults_diff.csv resolves them."""
+    arm = config["arms"].get("defaults", {}).get("engines", {}).get(engine) or {}
+    return (*config["engines"][engine]["flags"], *arm.get("flags", []))
+
+
+def defaults_diff_gpus(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs results/defaults_diff.csv resolves the defaults on: `defaults_diff.gpus`, else
+    the campaign's GPU."""
+    listed = (config.get("defaults_diff") or {}).get("gpus")
+    gpus = listed or [config["gpu"]]
+    return [{"name": str(g["name"]), "memory_mib": int(g["memory_mib"])} for g in gpus]
 
 
 def runs(config: Mapping[str, Any]) -> list[Run]:

@@ -53,7 +53,7 @@ TOY_FLAGS = (
 
 
 def _toy_resolve(
-    f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str
+    f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str, gpu_name: str = ""
 ) -> ResolvedConfig:
     a = f.args
     # The toy's own rule: it chunks prefill at 1024 tokens unless told otherwise; 0 turns it off.
@@ -164,13 +164,14 @@ def toy() -> Iterator[EngineSpec]:
 
 
 def test_registry_lists_the_built_in_engines_in_order() -> None:
-    # the study's two, then llama.cpp (real only: the sim backend does not run it)
-    assert engine_names() == ("vllm", "sglang", "llamacpp")
+    # the study's two, llama.cpp (real only: the sim backend does not run it), then the current
+    # releases' families
+    assert engine_names() == ("vllm", "sglang", "llamacpp", "vllm_v1", "sglang_v05")
 
 
 def test_registered_engine_is_listed_then_removed() -> None:
     with registered(TOY):
-        assert engine_names() == ("vllm", "sglang", "llamacpp", "toy")
+        assert engine_names()[-1] == "toy" and len(engine_names()) == 6
         assert METRIC_MAP["toy"]["requests_waiting"] == "toy:queued"
     assert "toy" not in engine_names()
     assert "toy" not in METRIC_MAP
@@ -205,7 +206,7 @@ def test_toy_flags_and_resolution(toy: EngineSpec) -> None:
     assert resolved.chunked_prefill is False and resolved.chunk_size is None
     default = resolve("toy", [], gpu_memory_mib=1000, model_max_position_embeddings=4096)
     assert (default.chunk_size, default.context_len) == (1024, 4096)
-    with pytest.raises(ResolutionError, match=r"toy 1\.0 only"):
+    with pytest.raises(ResolutionError, match=r"toy at 1\.0 \(toy\) only"):
         resolve("toy", [], gpu_memory_mib=1000, version="2.0")
 
 

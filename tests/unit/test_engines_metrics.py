@@ -16,6 +16,7 @@ from servelab.engines import (
     canonical_values,
     parse_metrics_text,
 )
+from servelab.engines.registry import product_of
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "engine-logs"
 
@@ -40,7 +41,7 @@ def test_every_mapped_name_is_one_the_engine_exports():
     for engine, mapping in METRIC_MAP.items():
         for source in mapping.values():
             assert source in ENGINE_METRICS[engine], source
-            assert source.startswith(f"{engine}:")
+            assert source.startswith(f"{product_of(engine)}:")  # vllm_v1 exports vllm:...
 
 
 def test_vllm_v0_scrape():

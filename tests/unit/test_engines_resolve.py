@@ -193,7 +193,10 @@ def test_dict_forms_are_json_safe_and_sorted():
 
 def test_only_the_implemented_versions_and_engines():
     assert resolve("vllm", [MODEL], gpu_memory_mib=L4_MIB, version="0.6.3").version == "0.6.3"
-    with pytest.raises(ResolutionError, match=r"0\.6\.3 only"):
+    with pytest.raises(
+        ResolutionError,
+        match=r"vLLM family \(<0\.8; engine vllm\), whose rules servelab implements at 0\.6\.3 only",
+    ):
         resolve("vllm", [MODEL], gpu_memory_mib=L4_MIB, version="0.6.4")
     with pytest.raises(ResolutionError, match="unknown engine"):
         resolve("tgi", [], gpu_memory_mib=L4_MIB)

@@ -23,6 +23,8 @@ CONDITIONS = grid.conditions(config)
 RUNS = grid.runs(config)
 RUN_IDS = {run.id for run in RUNS}
 REPS = grid.reps(config)
+# The campaign's engines in registry order (a gap's numerator first).
+ENGINES = grid.analysis_settings(config)["engines"]
 DEPLOYMENTS = {
     deployment.id: deployment
     for deployment in (
@@ -306,6 +308,16 @@ def analysis_code():
     import servelab.analysis
 
     return sorted(str(p) for p in Path(servelab.analysis.__file__).parent.glob("*.py"))
+
+
+def model_max_position_embeddings():
+    """The model's max_position_embeddings as the engines' rules read it: the simulator preset's
+    (its config.json), else model.max_model_len (a model servelab has no preset for)."""
+    if "preset" in config["model"]:
+        from servelab.sim.presets import model_preset
+
+        return model_preset(config["model"]["preset"]).max_position_embeddings
+    return int(config["model"]["max_model_len"])
 
 
 def all_tables():

@@ -40,7 +40,7 @@ import jinja2.meta
 import yaml
 
 from servelab.artifacts import write_text
-from servelab.engines.registry import EngineView
+from servelab.engines.registry import EngineView, engine_names, product_of
 from servelab.settings import KubernetesSettings, SettingsError
 
 __all__ = [
@@ -118,12 +118,21 @@ def templates_dir() -> Path:
 
 def deployment_templates(engine: str, templates: Path | None = None) -> dict[str, str]:
     """File name -> the template it is rendered from for `engine`, in MANIFEST_FILES order: the
-    engine's own `<object>.<engine>.yaml.j2` where the folder has one, else the common one."""
+    engine's own `<object>.<engine>.yaml.j2` where the folder has one, else its product's (every
+    SGLang release family shares `deployment.sglang.yaml.j2`), else the common one."""
     folder = templates_dir() if templates is None else Path(templates)
+    names = [engine]
+    if engine in engine_names() and product_of(engine) != engine:
+        names.append(product_of(engine))
     chosen = {}
     for file_name, common in MANIFEST_FILES.items():
-        own = f"{file_name.removesuffix('.yaml')}.{engine}.yaml.j2"
-        chosen[file_name] = own if (folder / own).is_file() else common
+        stem = file_name.removesuffix(".yaml")
+        own = [
+            f"{stem}.{name}.yaml.j2"
+            for name in names
+            if (folder / f"{stem}.{name}.yaml.j2").is_file()
+        ]
+        chosen[file_name] = own[0] if own else common
     return chosen
 
 

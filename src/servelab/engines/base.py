@@ -93,10 +93,14 @@ class ResolvedConfig:
     cuda_graph_max_bs: int | None
     overlap_schedule: bool | None
     flags: tuple[str, ...]
+    # Setting -> the rule that set it ("flag", or the default rule's name); what
+    # results/defaults_diff.csv reports. Not part of the configuration itself (not in to_dict).
+    rules: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe, keys sorted."""
         raw = asdict(self)
+        raw.pop("rules")
         raw["flags"] = list(self.flags)
         return {k: raw[k] for k in sorted(raw)}
 

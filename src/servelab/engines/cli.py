@@ -7,12 +7,13 @@ Prints one JSON object (docs/engines.md "Reading what an engine resolved"). Exit
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from servelab.engines.logparse import UnknownEngineLog, engine_titles, parse_startup_log
-from servelab.engines.registry import engine_names
+from servelab.engines.registry import engine_names, engine_spec
 
 __all__ = ["register", "resolve_config_main"]
 
@@ -34,7 +35,10 @@ def resolve_config_main(args: argparse.Namespace) -> int:
     except UnknownEngineLog as exc:
         print(f"servelab resolve-config: {path}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    sys.stdout.write(parsed.to_json() + "\n")
+    spec = engine_spec(parsed.engine)
+    # The release family the log was read as (detected from the text unless --engine named it).
+    out = {**parsed.to_dict(), "product": spec.product, "family": spec.family or None}
+    sys.stdout.write(json.dumps(out, sort_keys=True, indent=2, ensure_ascii=False) + "\n")
     return EXIT_OK
 
 
@@ -43,9 +47,10 @@ def register(subparsers: Any) -> None:
         "resolve-config",
         help=f"print the configuration a {engine_titles()} start-up log shows (JSON)",
         description=(
-            f"Read a {engine_titles()} start-up log and print one JSON object: engine, version, "
-            "chunked_prefill, chunk_size, prefix_caching, context_len, schedule_policy (null when "
-            "the log does not show them) and the evidence lines they came from."
+            f"Read a {engine_titles()} start-up log and print one JSON object: the engine (release "
+            "family) detected from the text, its product and family, version, chunked_prefill, "
+            "chunk_size, prefix_caching, context_len, schedule_policy (null when the log does not "
+            "show them) and the evidence lines they came from."
         ),
     )
     p.add_argument("logfile", help="the engine's start-up log (text)")
@@ -53,6 +58,6 @@ def register(subparsers: Any) -> None:
         "--engine",
         choices=engine_names(),
         default=None,
-        help="the engine that wrote the log (default: detected from the text)",
+        help="the engine (release family) that wrote the log (default: detected from the text)",
     )
     p.set_defaults(func=resolve_config_main)

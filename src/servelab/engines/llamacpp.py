@@ -195,7 +195,9 @@ def _pad(n: int, to: int = CTX_PAD) -> int:
     return (n + to - 1) // to * to
 
 
-def resolve(f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str) -> ResolvedConfig:
+def resolve(
+    f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str, gpu_name: str = ""
+) -> ResolvedConfig:
     """llama-server's configuration from its flags (module docstring, steps 1-4). `max_pos` is the
     model's n_ctx_train (GGUF `<arch>.context_length`); `gpu_memory_mib` plays no part (CPU)."""
     a = f.args
@@ -445,6 +447,8 @@ SPEC = EngineSpec(
     title="llama.cpp",
     version=VERSION,
     printed_version=PRINTED_VERSION,
+    # The commit, or the build string llama-server prints for it (what config/llamacpp.yaml gives).
+    releases=(VERSION, PRINTED_VERSION),
     flag_table=FLAG_TABLE,
     normalise_flags=normalise_flags,
     resolve=resolve,

@@ -125,6 +125,19 @@ def field(body: str, name: str, value: str) -> re.Match[str] | None:
     return re.search(rf"(?:^|[\s,(]){re.escape(name)}=({value})(?=[,)\s])", body)
 
 
+def dict_field(body: str, name: str, value: str) -> re.Match[str] | None:
+    """`'name': value` in a Python dict repr (SGLang 0.5's `server_args={...}`), with a delimiter
+    after the value (`,`, `}`, space)."""
+    return re.search(rf"(?:^|[\s,{{])'{re.escape(name)}': ({value})(?=[,}}\s])", body)
+
+
+def repr_field(body: str, name: str, value: str) -> re.Match[str] | None:
+    """`name`'s value in either a dataclass repr (`name=value`) or a dict repr (`'name': value`)."""
+    if body.startswith("{"):
+        return dict_field(body, name, value)
+    return field(body, name, value)
+
+
 BOOL = r"True|False"
 INT = r"-?\d+"
 _FAILURE = re.compile(

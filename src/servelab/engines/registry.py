@@ -13,23 +13,39 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from servelab.engines import llamacpp, sglang, vllm
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from servelab.engines import llamacpp, sglang, sglang_v05, vllm, vllm_v1
 from servelab.engines.base import UnknownEngine
 from servelab.engines.spec import EngineSpec
 
 __all__ = [
     "EngineView",
+    "UnsupportedRelease",
+    "check_release",
     "engine_names",
     "engine_spec",
     "engine_specs",
+    "family_for",
+    "product_of",
+    "products",
     "register",
     "registered",
+    "release_family",
     "unregister",
 ]
 
-# The built-in engines, in the order tables and figures show them: the study's two (a gap is
-# vLLM ÷ SGLang), then llama.cpp's llama-server (real only, no simulated model).
-_BUILT_IN: tuple[EngineSpec, ...] = (vllm.SPEC, sglang.SPEC, llamacpp.SPEC)
+# The built-in engines (release families), in the order tables and figures show them: the study's
+# two (a gap is vLLM ÷ SGLang), llama.cpp's llama-server (real only, no simulated model), then the
+# current releases' families (docs/engines.md "Current releases"), vLLM's before SGLang's.
+_BUILT_IN: tuple[EngineSpec, ...] = (
+    vllm.SPEC,
+    sglang.SPEC,
+    llamacpp.SPEC,
+    vllm_v1.SPEC,
+    sglang_v05.SPEC,
+)
 
 _REGISTRY: dict[str, EngineSpec] = {spec.name: spec for spec in _BUILT_IN}
 
@@ -75,6 +91,118 @@ def engine_spec(name: str) -> EngineSpec:
         raise UnknownEngine(
             f"unknown engine {name!r}: expected one of {', '.join(_REGISTRY)}"
         ) from None
+
+
+class UnsupportedRelease(ValueError):
+    """An engine release servelab has no rules for. The message names the family it belongs to (if
+    any) and the nearest releases servelab implements."""
+
+
+def product_of(engine: str) -> str:
+    """The product a registered engine (release family) belongs to: "vllm" for vllm_v1."""
+    return engine_spec(engine).product
+
+
+def products() -> tuple[str, ...]:
+    """The products (vllm, sglang, ...) the registered families belong to, in registry order."""
+    return tuple(dict.fromkeys(spec.product for spec in _REGISTRY.values()))
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def _nearest(product: str, version: Version | None) -> str:
+    """The implemented releases of `product` nearest to `version` (one below, one above)."""
+    known = sorted(
+        (Version(release), release, spec.name)
+        for spec in _REGISTRY.values()
+        if spec.product == product
+        for release in spec.releases
+        if _version(release) is not None
+    )
+    if version is not None:
+        below = [k for k in known if k[0] < version][-1:]
+        above = [k for k in known if k[0] > version][:1]
+        known = below + above or known
+    return ", ".join(f"{release} (engine {name})" for _, release, name in known)
+
+
+def release_family(product: str, version: str) -> EngineSpec | None:
+    """The registered family of `product` whose `family_versions` range holds `version` (a
+    version as printed: a leading `v` and local parts such as `+g3fb0d9099` are fine), or None."""
+    parsed = _version(str(version).lstrip("v"))
+    if parsed is None:
+        return None
+    for spec in _REGISTRY.values():
+        in_range = spec.family_versions and parsed in SpecifierSet(
+            spec.family_versions, prereleases=True
+        )
+        if spec.product == product and in_range:
+            return spec
+    return None
+
+
+def family_for(product: str, version: str) -> EngineSpec:
+    """The registered family whose rules `product` release `version` follows.
+
+    A release a family implements maps to that family. Any other release is refused with
+    UnsupportedRelease: its message says which family the release belongs to (by the families'
+    `family_versions` ranges) and names the nearest implemented releases.
+    """
+    families = [spec for spec in _REGISTRY.values() if spec.product == product]
+    if not families:
+        raise UnknownEngine(f"unknown engine {product!r}: expected one of {', '.join(products())}")
+    text = str(version).lstrip("v")
+    for spec in families:
+        if text in spec.releases:
+            return spec
+    parsed = _version(text)
+    home = next(
+        (
+            spec
+            for spec in families
+            if parsed is not None
+            and spec.family_versions
+            and parsed in SpecifierSet(spec.family_versions, prereleases=True)
+        ),
+        None,
+    )
+    implemented = ", ".join(
+        f"{release} ({spec.name})" for spec in families for release in spec.releases
+    )
+    if home is not None:
+        where = (
+            f"a release of the {home.title} family ({home.family_versions}; engine {home.name}), "
+            f"whose rules servelab implements at {', '.join(home.releases)} only"
+        )
+    elif parsed is None:
+        where = f"not a release number; servelab implements {product} at {implemented} only"
+    else:
+        where = f"servelab implements {product} at {implemented} only"
+    raise UnsupportedRelease(
+        f"{product} {version}: {where}; nearest supported releases: {_nearest(product, parsed)}"
+    )
+
+
+def check_release(engine: str, version: str) -> EngineSpec:
+    """`engine`'s spec if it implements release `version`; UnsupportedRelease otherwise (naming
+    the family `version` belongs to, which may be another engine of the same product)."""
+    spec = engine_spec(engine)
+    if str(version) in spec.releases:
+        return spec
+    try:
+        home = family_for(spec.product, str(version))
+    except UnsupportedRelease as exc:
+        raise UnsupportedRelease(f"engine {engine}: {exc}") from None
+    raise UnsupportedRelease(
+        f"engine {engine} implements {spec.title} {', '.join(spec.releases)}; {spec.product} "
+        f"{version} follows the rules of engine {home.name} ({home.title}): configure it as "
+        f"engines.{home.name}"
+    )
 
 
 T = TypeVar("T")

@@ -17,7 +17,13 @@ from servelab.engines.base import (
     UnknownEngine,
 )
 from servelab.engines.flags import parse_flags
-from servelab.engines.registry import EngineView, engine_names, engine_spec
+from servelab.engines.registry import (
+    EngineView,
+    UnsupportedRelease,
+    check_release,
+    engine_names,
+    engine_spec,
+)
 
 __all__ = [
     "DEFAULT_VERSIONS",
@@ -42,12 +48,15 @@ def resolve(
     gpu_memory_mib: int,
     model_max_position_embeddings: int = 131072,
     version: str | None = None,
+    gpu_name: str = "",
 ) -> ResolvedConfig:
     """Resolve `engine`'s configuration from its command-line `flags` by the engine's own rules.
 
-    `gpu_memory_mib` is what nvidia-smi reports as memory.total (an L4: 23034); only SGLang's rules
-    use it. `model_max_position_embeddings` stands in for the model's config.json (Llama-3.1-8B:
-    131072). `version` must be the release whose rules are implemented (default: the study's).
+    `gpu_memory_mib` is what nvidia-smi reports as memory.total (an L4: 23034); `gpu_name` the
+    device's name (vLLM V1's batch defaults exclude A100s); rules that do not depend on them
+    ignore them. `model_max_position_embeddings` stands in for the model's config.json (Llama-3.1-8B:
+    131072). `version` must be a release the engine's family implements (default: its reference
+    release); another release is refused naming the family it follows and the nearest supported.
     Raises ResolutionError (or FlagError for a malformed flag), both ValueErrors naming the flag.
     """
     try:
@@ -57,11 +66,10 @@ def resolve(
             f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}"
         ) from None
     version = spec.version if version is None else str(version)
-    if version != spec.version:
-        raise ResolutionError(
-            f"{engine} version {version}: servelab implements the resolution rules of "
-            f"{engine} {spec.version} only"
-        )
+    try:
+        check_release(engine, version)
+    except UnsupportedRelease as exc:
+        raise ResolutionError(str(exc)) from None
     if int(gpu_memory_mib) <= 0:
         raise ResolutionError(f"gpu_memory_mib={gpu_memory_mib}: must be positive")
     if int(model_max_position_embeddings) <= 0:
@@ -73,6 +81,7 @@ def resolve(
         gpu_memory_mib=int(gpu_memory_mib),
         max_pos=int(model_max_position_embeddings),
         version=version,
+        gpu_name=str(gpu_name),
     )
 
 

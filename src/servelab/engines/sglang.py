@@ -53,7 +53,7 @@ from servelab.engines.logtext import (
     TORCH_DTYPES,
     LogLine,
     Reader,
-    field,
+    repr_field,
     token,
     tqdm_shards,
 )
@@ -86,7 +86,9 @@ def _sglang_mem_fraction(tp: int) -> float:
     return 0.88
 
 
-def resolve(f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str) -> ResolvedConfig:
+def resolve(
+    f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str, gpu_name: str = ""
+) -> ResolvedConfig:
     a = f.args
     tp = int(a["tensor_parallel_size"])
     if tp < 1:
@@ -144,7 +146,27 @@ def resolve(f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str) 
         cuda_graph_max_bs=int(graph_bs),
         overlap_schedule=overlap,
         flags=f.flags,
+        rules=_rules(f, rule),
     )
+
+
+def _rules(f: EngineFlags, chunk_rule: str) -> dict[str, str]:
+    """The rule behind each resolved setting (results/defaults_diff.csv; docs/engines.md)."""
+
+    def given(dest: str, default: str) -> str:
+        return "flag" if f.is_given(dest) else default
+
+    return {
+        "chunked_prefill": chunk_rule,
+        "chunk_size": chunk_rule,
+        "token_budget": given("max_prefill_tokens", "default"),
+        "prefix_caching": given("disable_radix_cache", "default"),
+        "schedule_policy": given("schedule_policy", "default"),
+        "max_running_requests": given("max_running_requests", "run-time-pool-rule"),
+        "memory_fraction": given("mem_fraction_static", "tp-size-rule"),
+        "cuda_graph_max_bs": given("cuda_graph_max_bs", "gpu-memory-rule"),
+        "context_len": given("context_length", "model-max-position"),
+    }
 
 
 def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> RuntimeLimits:
@@ -174,8 +196,18 @@ def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> Runtime
 
 # ------------------------------------------------------------------------------ start-up log
 
+# `[2025-01-01 00:00:00 TP0] message`; ranks may be DP/PP/ATTN_CP/MOE_DP/TP/EP (0.5), and some
+# 0.5 records put `LEVEL file.py:N: ` before the message.
 RECORD = re.compile(
-    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?P<proc>(?: [A-Z]{2}\d+)*)\] (?P<msg>.*)$"
+    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?P<proc>(?: [A-Z_]{2,7}\d+)*)\] "
+    r"(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+\.py:\d+: )?(?P<msg>.*)$"
+)
+# ServerArgs fields absent from 0.4.10.post2's (the last 0.4 release) that 0.5 releases print:
+# weight_version, moe_runner_backend, gc_warning_threshold_secs and scheduler_recv_interval from
+# 0.5.1 on, tokenizer_worker_num and enable_fp32_lm_head by 0.5.10 (all still in 0.5.23). A
+# `server_args=` line that shows one of them is from the 0.5 family.
+FIELDS_SINCE_0_5 = (
+    r"(?:weight_version|moe_runner_backend|gc_warning_threshold_secs|scheduler_recv_interval)"
 )
 # Messages (the part after the logger prefix) that only SGLang's start-up prints.
 MARKERS = (
@@ -194,6 +226,9 @@ READY = re.compile(r"The server is fired up and ready to roll!")
 
 
 def read_log(lines: list[LogLine]) -> Reader:
+    """What an SGLang start-up log shows (the module docstring). Reads the `server_args=` line in
+    both of its forms, `ServerArgs(name=value, ...)` (0.4.x to 0.5.4) and the resolved dict
+    `{'name': value, ...}` (0.5.23), so the 0.5 family reuses it (`servelab.engines.sglang_v05`)."""
     r = Reader()
     args_size: tuple[LogLine, int | None] | None = None
     summary_size: tuple[LogLine, int | None] | None = None
@@ -202,14 +237,14 @@ def read_log(lines: list[LogLine]) -> Reader:
         msg = line.msg
         if msg is None or not msg.startswith(("server_args=", "max_total_num_tokens=")):
             continue
-        if m := re.match(r"server_args=ServerArgs\((.*)$", msg):
-            body = m.group(1)
-            if f := field(body, "chunked_prefill_size", rf"{INT}|None"):
+        if m := re.match(r"server_args=(?:ServerArgs\((.*)|(\{.*))$", msg):
+            body = m.group(1) if m.group(1) is not None else m.group(2)
+            if f := repr_field(body, "chunked_prefill_size", rf"{INT}|None"):
                 args_size = (line, None if f.group(1) == "None" else int(f.group(1)))
-            radix = field(body, "disable_radix_cache", BOOL)
+            radix = repr_field(body, "disable_radix_cache", BOOL)
             if radix:
                 r.put("prefix_caching", radix.group(1) == "False", line)
-            if f := field(body, "schedule_policy", r"'[\w-]+'"):
+            if f := repr_field(body, "schedule_policy", r"'[\w-]+'"):
                 policy = f.group(1).strip("'")
                 if radix and radix.group(1) == "True" and policy in ("lpm", "dfs-weight"):
                     note = (
@@ -219,14 +254,14 @@ def read_log(lines: list[LogLine]) -> Reader:
                     r.put("schedule_policy", "fcfs", line, note)
                 else:
                     r.put("schedule_policy", policy, line)
-            if f := field(body, "context_length", r"\d+"):
+            if f := repr_field(body, "context_length", r"\d+"):
                 explicit_context = (line, int(f.group(1)))
             for name, pat, conv in (
                 ("mem_fraction_static", r"[\d.]+", float),
                 ("cuda_graph_max_bs", r"\d+", int),
                 ("tp_size", r"\d+", int),
             ):
-                if f := field(body, name, pat):
+                if f := repr_field(body, name, pat):
                     r.put(name, conv(f.group(1)), line)
         elif msg.startswith("max_total_num_tokens="):
             for name in (
@@ -398,9 +433,15 @@ def render_startup_log(
 
 # ------------------------------------------------------------------------------- the registry entry
 
+# A COMPLETE `ServerArgs(...)` line without any 0.5 field (a cut line tells no family).
+FAMILY_MARKS = (re.compile(rf"server_args=ServerArgs\((?!.*\b{FIELDS_SINCE_0_5}=).*\)$"),)
+
 SPEC = EngineSpec(
     name="sglang",
     title="SGLang",
+    product="sglang",
+    family="0.4",
+    family_versions=">=0.4,<0.5",
     version=VERSION,
     printed_version=PRINTED_VERSION,
     flag_table=_cli_tables.SGLANG_0_4_1,
@@ -422,6 +463,7 @@ SPEC = EngineSpec(
             "cuda_graph_max_bs",
             "tp_size",
         ),
+        family_marks=FAMILY_MARKS,
     ),
     metric_map=METRIC_MAP,
     metric_series=METRICS,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from packaging.specifiers import SpecifierSet
+
 from servelab.engines.base import EngineFlags, ResolvedConfig, RuntimeLimits
 from servelab.engines.logtext import LogLine, Reader
 
@@ -25,7 +27,13 @@ class Resolver(Protocol):
     """An engine's resolution rules: the configuration it resolves from its parsed flags."""
 
     def __call__(
-        self, flags: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str
+        self,
+        flags: EngineFlags,
+        *,
+        gpu_memory_mib: int,
+        max_pos: int,
+        version: str,
+        gpu_name: str = "",
     ) -> ResolvedConfig: ...
 
 
@@ -51,7 +59,9 @@ class LogFormat:
     ones found); every marker message contains a match of `marker_words` (a cheap first test).
     `marker_hint` names a few markers for error messages. `ready` matches a line that shows the
     server ready. `read` collects the values the log shows; `facts` names the values beyond
-    CONFIG_FIELDS that the parser reports, in order.
+    CONFIG_FIELDS that the parser reports, in order. `family_marks` match messages that only this
+    release family of its product prints (vLLM V0's `Initializing an LLM engine` against V1's
+    `Initializing a V1 LLM engine`): they tell families of one product apart (`logparse`).
     """
 
     record: re.Pattern[str]
@@ -61,6 +71,7 @@ class LogFormat:
     ready: re.Pattern[str]
     read: Callable[[list[LogLine]], Reader]
     facts: tuple[str, ...] = ()
+    family_marks: tuple[re.Pattern[str], ...] = ()
 
 
 def _unchanged(tokens: Sequence[str]) -> list[str]:
@@ -82,6 +93,12 @@ class EngineSpec:
     the engine fixes it (vLLM 0.6.3 sends one chunk per token), None when the engine's own
     `--stream-interval` sets it. `render_startup_log` prints the start-up log for a resolved
     configuration (needed only by engines the simulator imitates).
+
+    Release families: `product` is the engine as its users name it ("vllm"), `family` the release
+    family within it ("V1"), `releases` the releases whose rules this spec implements (`version`,
+    the reference release whose flag table it carries, is one of them) and `family_versions` a
+    PEP 440 range of the releases that belong to the family (`registry.family_for` maps a version
+    to its family, or refuses it naming the nearest implemented releases).
     """
 
     name: str
@@ -99,10 +116,26 @@ class EngineSpec:
     required_flags: tuple[tuple[str, str], ...] = ()
     stream_interval: int | None = None
     render_startup_log: StartupLogRenderer | None = None
+    product: str = ""
+    family: str = ""
+    releases: tuple[str, ...] = ()
+    family_versions: str = ""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
             raise ValueError(f"engine name {self.name!r}: lower-case letters, digits and _ only")
+        # A spec that names no product is its own product with one family and one release.
+        if not self.product:
+            object.__setattr__(self, "product", self.name)
+        if not self.releases:
+            object.__setattr__(self, "releases", (self.version,))
+        if self.version not in self.releases:
+            raise ValueError(
+                f"engine {self.name}: version {self.version} is not one of its releases "
+                f"{', '.join(self.releases)}"
+            )
+        if self.family_versions:
+            SpecifierSet(self.family_versions)  # refuse a malformed range at import
         unknown = set(self.metric_map.values()) - set(self.metric_series)
         if unknown:
             raise ValueError(

@@ -91,7 +91,9 @@ def _parsed(r: ResolvedConfig) -> EngineFlags:
 # ------------------------------------------------------------------------------- resolution
 
 
-def resolve(f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str) -> ResolvedConfig:
+def resolve(
+    f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str, gpu_name: str = ""
+) -> ResolvedConfig:
     a = f.args
     max_model_len = model_len(a["max_model_len"], max_pos, "--max-model-len")
     is_gpu = a["device"] in ("auto", "cuda")
@@ -161,7 +163,27 @@ def resolve(f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str) 
         cuda_graph_max_bs=None,
         overlap_schedule=None,
         flags=f.flags,
+        rules=_rules(f, rule),
     )
+
+
+def _rules(f: EngineFlags, chunked_rule: str) -> dict[str, str]:
+    """The rule behind each resolved setting (results/defaults_diff.csv; docs/engines.md)."""
+
+    def given(dest: str, default: str) -> str:
+        return "flag" if f.is_given(dest) else default
+
+    budget = given("max_num_batched_tokens", "budget-rule")
+    return {
+        "chunked_prefill": chunked_rule,
+        "chunk_size": budget,
+        "token_budget": budget,
+        "prefix_caching": given("enable_prefix_caching", "default"),
+        "schedule_policy": given("scheduling_policy", "default"),
+        "max_running_requests": given("max_num_seqs", "default"),
+        "memory_fraction": given("gpu_memory_utilization", "default"),
+        "context_len": given("max_model_len", "model-max-position"),
+    }
 
 
 def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> RuntimeLimits:
@@ -538,6 +560,11 @@ def render_startup_log(
 SPEC = EngineSpec(
     name="vllm",
     title="vLLM",
+    product="vllm",
+    family="V0",
+    # V1 became the default engine in 0.8.0 (vllm/envs.py VLLM_USE_V1); before it every release
+    # ran V0.
+    family_versions="<0.8",
     version=VERSION,
     printed_version=PRINTED_VERSION,
     flag_table=_cli_tables.VLLM_0_6_3,
@@ -551,6 +578,12 @@ SPEC = EngineSpec(
         marker_hint="'Initializing an LLM engine (v...) with config:', 'vLLM API server version'",
         ready=READY,
         read=read_log,
+        # V0's own lines: its engine line (0.8 to 0.10 print "a V0 LLM engine" when V1 falls
+        # back) and its block count (V1 prints "GPU KV cache size: N tokens").
+        family_marks=(
+            re.compile(r"Initializing an? (?:V0 )?LLM engine \(v"),
+            re.compile(r"# GPU blocks: \d"),
+        ),
         facts=(
             "num_gpu_blocks",
             "num_cpu_blocks",

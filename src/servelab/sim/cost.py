@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from servelab.engines.registry import engine_names, product_of
 from servelab.sim.presets import GpuPreset, ModelPreset
 
 __all__ = ["DEFAULT_CALIBRATION", "Calibration", "CostModel"]
@@ -85,7 +86,8 @@ class CostModel:
         engine: str,
         calibration: Calibration = DEFAULT_CALIBRATION,
     ) -> None:
-        if engine not in ("vllm", "sglang"):
+        product = product_of(engine) if engine in engine_names() else engine
+        if product not in ("vllm", "sglang"):
             raise ValueError(f"engine: unknown engine {engine!r}")
         self.model, self.gpu, self.engine, self.calibration = model, gpu, engine, calibration
         c = calibration
@@ -101,7 +103,8 @@ class CostModel:
         self._t_weights = (
             (model.layer_params + model.embedding_params) * model.dtype_bytes / self._bw
         )
-        if engine == "vllm":
+        # A release family runs on its product's calibrated overheads (docs/simulator.md).
+        if product == "vllm":
             self._overhead, self._overhead_seq = (
                 c.vllm_iteration_overhead_s,
                 c.vllm_per_seq_overhead_s,

@@ -81,9 +81,25 @@ def _sglang_params(resolved: ResolvedConfig) -> dict[str, Any]:
     }
 
 
+def _vllm_v1_params(resolved: ResolvedConfig) -> dict[str, Any]:
+    """V1 on V0's stepping model (docs/simulator.md "Current releases"): its unified token budget
+    is V0's chunked-prefill budget; CUDA graphs up to the resolved capture size, for any context
+    (V1's piecewise graphs leave attention outside the graph)."""
+    assert resolved.block_size is not None and resolved.cuda_graph_max_bs is not None
+    return {
+        "block_size": int(resolved.block_size),
+        "cuda_graph_max_bs": int(resolved.cuda_graph_max_bs),
+        "max_seq_len_to_capture": int(resolved.context_len),
+        "overlap_schedule": False,
+    }
+
+
 _SIMULATED: dict[str, SimulatedEngine] = {
     "vllm": SimulatedEngine("vllm", VllmModel, _vllm_capacity, _vllm_params),
     "sglang": SimulatedEngine("sglang", SglangModel, _sglang_capacity, _sglang_params),
+    # The current release families on the models of the study's (docs/simulator.md).
+    "vllm_v1": SimulatedEngine("vllm_v1", VllmModel, _vllm_capacity, _vllm_v1_params),
+    "sglang_v05": SimulatedEngine("sglang_v05", SglangModel, _sglang_capacity, _sglang_params),
 }
 
 

@@ -100,6 +100,7 @@ def build_engine(
         list(flags),
         gpu_memory_mib=mem,
         model_max_position_embeddings=preset.max_position_embeddings,
+        gpu_name=gpu.name,
     )
     cap = kv_capacity(resolved, preset, gpu, mem)
     params = engine_params(resolved, kv_capacity_tokens=cap.tokens)

@@ -53,7 +53,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from servelab.engines.metrics import ENGINE_METRICS, METRIC_MAP
-from servelab.engines.registry import engine_names
+from servelab.engines.registry import engine_names, product_of
 from servelab.sim.base import DECODING, FINISHED, EngineModel, Iteration, Req
 
 __all__ = [
@@ -303,6 +303,7 @@ class SimServer:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.model = model
         self.engine = engine
+        self.product = product_of(engine)
         self.served_model_name = served_model_name
         self.tokenize = tokenize
         self.token_text = token_text
@@ -578,7 +579,7 @@ class SimServer:
             "owned_by": self.engine,
             "root": self.served_model_name,
         }
-        if self.engine == "vllm":
+        if self.product == "vllm":
             card["max_model_len"] = self.max_model_len
         return {"object": "list", "data": [card]}
 
@@ -653,7 +654,7 @@ class SimServer:
         if options is not None:
             if not isinstance(options, dict):
                 raise _HttpError(400, "'stream_options' must be an object")
-            if not stream and self.engine == "vllm":
+            if not stream and self.product == "vllm":
                 raise _HttpError(400, "Stream options can only be defined when `stream=True`.")
         return ids, max_tokens, stream, options or {}
 
@@ -671,7 +672,7 @@ class SimServer:
         if fault_decision(seed, index, "http500", self.faults.http500_rate):
             raise _HttpError(500, "injected fault: internal server error", "InternalServerError")
         ids, max_tokens, stream, options = self._parse_completion(body)
-        if self.engine == "vllm":
+        if self.product == "vllm":
             include_usage = bool(options.get("include_usage", True)) if options else False
             continuous = include_usage and bool(options.get("continuous_usage_stats", True))
             req_id = f"cmpl-{uuid.uuid4().hex}"
@@ -766,7 +767,7 @@ class SimServer:
 
     def _chunk(self, st: _Stream, n_tokens: int, finished: bool) -> bytes:
         text = self.token_text * n_tokens
-        if self.engine == "vllm":
+        if self.product == "vllm":
             choice = {
                 "index": 0,
                 "text": text,
@@ -801,7 +802,7 @@ class SimServer:
         return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
     def _usage_chunk(self, st: _Stream) -> bytes:
-        ident = st.req_id if self.engine == "vllm" else uuid.uuid4().hex
+        ident = st.req_id if self.product == "vllm" else uuid.uuid4().hex
         obj = {
             "id": ident,
             "object": "text_completion",

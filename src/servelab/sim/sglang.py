@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from servelab.engines.registry import engine_spec, product_of
 from servelab.sim.base import (
     ABORTED,
     DECODING,
@@ -75,7 +76,7 @@ class SglangModel(EngineModel):
         *,
         track_emitted: bool = True,
     ) -> None:
-        if params.engine != "sglang":
+        if product_of(params.engine) != "sglang":
             raise ValueError(f"SglangModel needs SGLang parameters, got engine {params.engine!r}")
         if params.schedule_policy not in ("lpm", "fcfs"):
             raise ValueError(
@@ -571,4 +572,7 @@ class SglangModel(EngineModel):
         out = dict(self.gauges)
         out["sglang:prompt_tokens_total"] = float(self.prompt_tokens_total)
         out["sglang:generation_tokens_total"] = float(self.generation_tokens_total)
+        if engine_spec(self.p.engine).family == "0.5":
+            # 0.5 counts retractions (observability/metrics_collector.py at 0.5.23)
+            out["sglang:num_retracted_requests_total"] = float(self.num_retractions)
         return out

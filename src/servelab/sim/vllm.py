@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from servelab.engines.registry import engine_spec, product_of
 from servelab.sim.base import (
     ABORTED,
     DECODING,
@@ -65,7 +66,7 @@ class VllmModel(EngineModel):
         *,
         track_emitted: bool = True,
     ) -> None:
-        if params.engine != "vllm":
+        if product_of(params.engine) != "vllm":
             raise ValueError(f"VllmModel needs vLLM parameters, got engine {params.engine!r}")
         if (
             params.chunked_prefill
@@ -566,7 +567,21 @@ class VllmModel(EngineModel):
         return 1.0 - self.free_blocks() / self.total_blocks
 
     def metrics(self) -> dict[str, float]:
-        """vLLM 0.6.3 /metrics series (engine/metrics.py), updated every engine step."""
+        """vLLM 0.6.3 /metrics series (engine/metrics.py), updated every engine step; V1's names
+        (v1/metrics/loggers.py at 0.33.0) for the V1 family."""
+        if engine_spec(self.p.engine).family == "V1":
+            cached = float(self.hit_hits * self.p.block_size)  # V1 counts prefix hits in tokens
+            return {
+                "vllm:num_requests_running": float(len(self.dec) + len(self.pf)),
+                "vllm:num_requests_waiting": float(len(self.waiting)),
+                "vllm:kv_cache_usage_perc": self.kv_usage(),
+                "vllm:num_preemptions_total": float(self.num_preemptions),
+                "vllm:prompt_tokens_total": float(self.prompt_tokens_total),
+                "vllm:prompt_tokens_cached_total": cached,
+                "vllm:prefix_cache_queries_total": float(self.hit_queries * self.p.block_size),
+                "vllm:prefix_cache_hits_total": cached,
+                "vllm:generation_tokens_total": float(self.generation_tokens_total),
+            }
         hit_rate = (
             (self.hit_hits / self.hit_queries if self.hit_queries else 0.0)
             if self.p.prefix_caching
