@@ -250,7 +250,9 @@ def main(argv: list[str]) -> None:
     print("`ServerArgs.add_cli_args` order (sglang/srt/server_args.py, arg_groups/arg_utils.py).")
     print("Kinds beyond `_cli_tables.py`: `deprecated_store_true` (warns, stores True),")
     print("`deprecated_store_const` (warns, stores `const`; nargs as given), `boolean_optional`")
-    print("(argparse.BooleanOptionalAction). Types beyond it: sglang_human_readable_int, json_list_type,")
+    print(
+        "(argparse.BooleanOptionalAction). Types beyond it: sglang_human_readable_int, json_list_type,"
+    )
     print("parse_cuda_graph_backend_arg, parse_cuda_graph_config_arg. Set-valued choices sorted.")
     print('"""')
     print()

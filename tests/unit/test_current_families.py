@@ -188,7 +188,7 @@ def test_simulated_engines_export_every_mapped_series_by_the_releases_names(engi
 
 def test_sglang_05_vendor_defaults_leave_an_8b_model_no_kv_pool_on_an_l4() -> None:
     # 0.684 of 22.5 GiB is 15.4 GiB: the 15.0 GiB of bf16 weights and the CUDA context fill it
-    with pytest.raises(ValueError, match="mem_fraction_static=0.684: no memory left for the KV"):
+    with pytest.raises(ValueError, match=r"mem_fraction_static=0\.684: no memory left for the KV"):
         build_engine(engine="sglang_v05", flags=SG, gpu_name="L4")
 
 

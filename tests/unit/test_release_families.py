@@ -148,10 +148,14 @@ def test_a_log_is_read_as_the_family_whose_own_lines_it_shows(families: None) ->
     common = "toy[INFO] toyserve 2.3 starting\n"
     assert detect_engine(common + "toy[INFO] engine: v2 (budget=512)\n") == "toy_v2"
     assert detect_engine(common + "toy[INFO] engine: classic\n") == "toy"
-    with pytest.raises(UnknownEngineLog, match="of no release family servelab knows") as caught:
-        detect_engine(common + "toy[INFO] engine: v3 (budget=512)\n")
-    # the message names what tells the families apart
+    # no family's own line: the printed version names the family
+    assert detect_engine(common + "toy[INFO] engine: v3 (budget=512)\n") == "toy_v2"
+    # neither a family's line nor a version: refused, naming what tells them apart
+    with pytest.raises(UnknownEngineLog, match="of no release family servelab can tell") as caught:
+        detect_engine("toy[INFO] engine: v3 (budget=512)\n")
+    # the message names what tells the families apart, and the --engine choices
     assert "'engine: v2 '" in str(caught.value) and "'engine: classic'" in str(caught.value)
+    assert "--engine toy or --engine toy_v2" in str(caught.value)
     with pytest.raises(UnknownEngineLog, match="several Toy 1 release families"):
         detect_engine(common + "toy[INFO] engine: classic\ntoy[INFO] engine: v2 x\n")
 

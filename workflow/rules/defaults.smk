@@ -7,10 +7,10 @@ rule defaults_diff:
         csv="results/defaults_diff.csv",
     log:
         "results/logs/analysis/defaults_diff.log",
-    conda:
-        "../../environment.yml"
     # Written first: it says, before any GPU time, what the defaults arm compares.
     priority: 100
+    conda:
+        "../../environment.yml"
     params:
         engines={engine: list(grid.vendor_default_flags(config, engine)) for engine in ENGINES},
         versions={engine: str(config["engines"][engine]["version"]) for engine in ENGINES},
