@@ -25,6 +25,7 @@ rule all:
     input:
         tables=all_tables(),
         defaults_diff=rules.defaults_diff.output.csv,
+        run_metrics=rules.run_metrics.output.csv,
         figures=rules.figures.output.figures,
         numbers=rules.numbers.output.numbers,
         checksums=rules.checksums.output.checksums,

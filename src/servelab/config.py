@@ -346,6 +346,14 @@ def vendor_default_flags(config: Mapping[str, Any], engine: str) -> tuple[str, .
     return (*config["engines"][engine]["flags"], *arm.get("flags", []))
 
 
+def request_slo(config: Mapping[str, Any]) -> dict[str, float | None]:
+    """The per-request SLO limits results/run_metrics.csv applies (config `analysis.slo`; a key
+    left out takes its default: TTFT 2 s, TPOT 0.1 s, no E2E limit; null: not applied)."""
+    defaults: dict[str, float | None] = {"ttft_s": 2.0, "tpot_s": 0.1, "e2e_s": None}
+    given = config["analysis"].get("slo") or {}
+    return {key: given.get(key, value) for key, value in defaults.items()}
+
+
 def defaults_diff_gpus(config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The GPUs results/defaults_diff.csv resolves the defaults on: `defaults_diff.gpus`, else
     the campaign's GPU."""

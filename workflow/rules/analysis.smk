@@ -138,6 +138,29 @@ rule numbers:
         "../scripts/numbers.py"
 
 
+rule run_metrics:
+    input:
+        code=analysis_code(),
+        run_json=run_files("run_json", RUNS),
+        requests=run_files("requests", RUNS),
+    output:
+        csv="results/run_metrics.csv",
+        definitions="results/run_metrics.csv.json",
+    log:
+        "results/logs/analysis/run_metrics.log",
+    conda:
+        "../../environment.yml"
+    params:
+        # The per-request SLO (config analysis.slo; default MLPerf's TTFT 2 s, TPOT 100 ms).
+        slo=grid.request_slo(config),
+        exclude_first_graph=config["analysis"]["exclude_first_graph"],
+        run_dirs=run_dirs(RUNS),
+    message:
+        "every run's named latency metrics, goodput and SLO attainment -> {output.csv}"
+    script:
+        "../scripts/run_metrics.py"
+
+
 rule checksums:
     input:
         tables=all_tables(),

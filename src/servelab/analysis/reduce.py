@@ -7,6 +7,11 @@ buffers (no per-row Python):
 - TPOT = (last chunk − first chunk) / (n − 1) for n ≥ 2 output tokens, with n from the engine's usage
   (`output_tokens`); a chunk may carry several tokens, so the chunk count is never used as n. When an
   engine did not report usage (`output_tokens` null) n falls back to the sum of `chunk_tokens`.
+- ITL (seed 002, Forks 1 and 2), from the second output chunk on (the first token is TTFT's):
+  ITL per chunk = the gap since the previous chunk (vLLM's `itl[]`: one sample per streamed chunk);
+  ITL per token = that gap ÷ the tokens the later chunk carries (GenAI-Perf's definition). With
+  one token per chunk they are the same; with k tokens per chunk only the per-chunk one grows.
+- normalised latency = E2E ÷ output tokens.
 - Measured requests (latency): not warm-up, graph_id > 0 (graph ≥ 0 when the first graph is kept),
   status ok, at least one output chunk.
 - X = N_ok / W: N_ok counts non-warm-up requests with status ok, graph 0 included; W runs from the
@@ -64,6 +69,42 @@ class RequestMetrics:
     tpot: FloatArray
     e2e: FloatArray
     last_chunk: FloatArray
+    # ITL samples, one per output chunk after a request's first, flat; `itl_row` is the request
+    # (row) each sample belongs to.
+    itl_chunk: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
+    itl_token: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
+    itl_row: npt.NDArray[np.int64] = field(
+        default_factory=lambda: np.empty(0, dtype=np.int64), repr=False
+    )
+
+    @property
+    def normalised(self) -> FloatArray:
+        """E2E ÷ output tokens (NaN without an output token)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.output_tokens >= 1, self.e2e / self.output_tokens, NAN)
+
+
+def _itl(
+    times: FloatArray,
+    tokens: np.ndarray,
+    start: npt.NDArray[np.int64],
+    stop: npt.NDArray[np.int64],
+) -> tuple[FloatArray, FloatArray, npt.NDArray[np.int64]]:
+    """(per-chunk gaps, per-token gaps, owning row) for every chunk after its request's first."""
+    n = stop - start
+    owner = np.repeat(np.arange(n.size, dtype=np.int64), np.maximum(n - 1, 0))
+    if owner.size == 0:
+        return np.empty(0), np.empty(0), owner
+    # flat index of each later chunk: its request's start + 1, 2, ..., n - 1
+    rank = np.arange(owner.size) - np.repeat(
+        np.cumsum(np.maximum(n - 1, 0)) - np.maximum(n - 1, 0), np.maximum(n - 1, 0)
+    )
+    later = start[owner] + 1 + rank
+    gaps = times[later] - times[later - 1]
+    carried = np.asarray(tokens, dtype=np.float64)[later]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_token = np.where(carried > 0, gaps / carried, NAN)
+    return gaps, per_token, owner
 
 
 def reduce_requests(table: pa.Table, what: str) -> RequestMetrics:
@@ -113,6 +154,13 @@ def reduce_requests(table: pa.Table, what: str) -> RequestMetrics:
         tpot=tpot,
         e2e=last - sent,
         last_chunk=last,
+        **dict(
+            zip(
+                ("itl_chunk", "itl_token", "itl_row"),
+                _itl(times, tokens, times_start, times_stop),
+                strict=True,
+            )
+        ),
     )
 
 

@@ -1,0 +1,13 @@
+"""Snakemake adapter: results/run_metrics.csv (every run's named metrics, goodput) and its
+definitions beside it."""
+
+from servelab.analysis.slo import RequestSlo, write_run_metrics
+from servelab.workflow_io import log_to
+
+with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
+    write_run_metrics(
+        list(snakemake.params.run_dirs),
+        snakemake.output.csv,
+        slo=RequestSlo.from_config(snakemake.params.slo),
+        exclude_first_graph=bool(snakemake.params.exclude_first_graph),
+    )
