@@ -116,7 +116,8 @@ def register(subparsers: Any) -> None:
     serve = subparsers.add_parser(
         "serve-sim",
         help="serve a simulated engine over an OpenAI-compatible HTTP API, in real time",
-        description="Serve the simulator's vLLM-0.6.3-like or SGLang-0.4.1-like engine live: "
+        description="Serve one of the simulator's engines live (vLLM 0.6.3 or V1 0.33.0, SGLang "
+        "0.4.1 or 0.5.23, each with its release's start-up log and /metrics names): "
         "/v1/completions (streaming), /health, /v1/models, /metrics.",
     )
     add_serve_arguments(serve)
