@@ -18,6 +18,7 @@ include: "workflow/rules/defaults.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/status.smk"
 include: "workflow/rules/bundle.smk"
+include: "workflow/rules/capacity.smk"
 
 
 rule all:

@@ -235,6 +235,13 @@ def _check_references(config: Mapping[str, Any]) -> None:
                     f"config key engines.{engine}: the sim backend has no simulated {engine} "
                     f"(simulated: {', '.join(simulated)}); run it with backend: local"
                 )
+    capacity_section = config.get("capacity") or {}
+    bracket = capacity_section.get("bracket")
+    if bracket and bracket[0] >= bracket[1]:
+        problems.append("config key capacity.bracket: the low rate must be below the high one")
+    names = [s["name"] for s in capacity_section.get("shapes", [])]
+    if len(names) != len(set(names)):
+        problems.append("config key capacity.shapes: shape names must be unique")
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
         problems.append("config key workload.tool_delay.min_s: must be below max_s")

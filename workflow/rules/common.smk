@@ -9,6 +9,7 @@ from snakemake.io import report as for_report
 import servelab.config as grid
 import servelab.deploy.manifests as manifests
 import servelab.campaign_status as status
+import servelab.capacity as capacity
 import servelab.identity as identity
 from servelab.config import ConfigError
 
@@ -39,6 +40,12 @@ def alternation(values):
     return "|".join(sorted(re.escape(value) for value in values))
 
 
+# The capacity searches (servelab.capacity), when the config has a `capacity:` section.
+SEARCHES = (
+    {search.id: search for search in capacity.searches(config)} if config.get("capacity") else {}
+)
+
+
 wildcard_constraints:
     condition=alternation(CONDITIONS),
     rep=alternation(REPS),
@@ -46,6 +53,8 @@ wildcard_constraints:
     engine=alternation(config["engines"]),
     deployment=alternation(DEPLOYMENTS),
     restart=r"restart\d+",
+    search=alternation(SEARCHES) if SEARCHES else r"(?!)",
+    step=r"\d+",
 
 
 # ----------------------------------------------------------------------------- traces
@@ -327,6 +336,40 @@ def all_tables():
         rules.table5.output.csv,
         rules.table6.output.csv,
     ]
+
+
+# ----------------------------------------------------------------------------- capacity
+
+
+
+def capacity_search(wildcards):
+    search = SEARCHES[wildcards.search]
+    return {"arm": search.arm, "engine": search.engine, "shape": search.shape}
+
+
+def capacity_identity(wildcards):
+    """What defines the search's measurements (servelab.capacity.search_identity)."""
+    return capacity.search_identity(config, SEARCHES[wildcards.search])
+
+
+def capacity_previous_step(wildcards):
+    """Step k reads step k-1's state (the first step reads none)."""
+    step = int(wildcards.step)
+    return [] if step == 0 else [f"results/capacity/{wildcards.search}/step-{step - 1}.json"]
+
+
+def capacity_final_states(wildcards):
+    """Each search's last state: walk its checkpoint chain until a step says it is done."""
+    finals = []
+    for search_id in SEARCHES:
+        step = 0
+        while True:
+            state = checkpoints.capacity_step.get(search=search_id, step=step).output.state
+            if capacity.read_state(state)["done"]:
+                break
+            step += 1
+        finals.append(state)
+    return finals
 
 
 # ----------------------------------------------------------------------------- handlers

@@ -1,0 +1,349 @@
+"""Capacity: the largest arrival rate each engine sustains under each arm and workload shape, found by
+bisection over real runs of the campaign (MLPerf Server's "honest serving test", seed 002).
+
+A *search* is one (arm, engine, shape); a *shape* is a condition without its rate (σ, L, duration;
+the arrival CV is the workload's). A *probe* measures one rate: its trace is seeded from (shape,
+rate, rep) like any condition's (`probe_condition`), so every engine and arm probing that rate
+replays the same traces, and each repetition goes through the campaign's own deployment, gate and
+success check (`servelab.campaign.deploy` / `execute_run`). A probe **passes** when every
+repetition keeps pace (X >= keeps_pace · Λ) and meets every percentile limit of the criteria
+(`analysis.slo.run_metrics_row`).
+
+The search (`next_rate`): probe the bracket's low end, then its high end, then bisect between the
+highest passing and the lowest failing rate (geometric midpoint) until (fail - pass) / fail is below
+`tolerance` or `max_probes` probes have run. Without a configured bracket a saturation probe comes
+first: a short run far above capacity whose completed graphs/s (X ÷ requests per graph, as §5.2 and
+inference-perf read it) sets the bracket [0.25 × that, 1.25 × that]. The state after each probe is
+one JSON file (results/capacity/{search}/step-{k}.json): the Snakemake checkpoint chain reads it to
+decide the next step, and a probe already measured is reused, never redone.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab.analysis.reduce import reduce_requests
+from servelab.analysis.slo import RequestSlo, run_metrics_row
+from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
+from servelab.config import Condition, ConfigError, deployment_for, trace_seed
+from servelab.identity import deployment_identity, run_identity
+
+__all__ = [
+    "CapacitySettings",
+    "Search",
+    "capacity_csv",
+    "evaluate_probe",
+    "next_rate",
+    "probe_condition",
+    "search_identity",
+    "searches",
+    "worst_case_cost_s",
+]
+
+# Requests per agent graph: a planner, the workers, an aggregator.
+SATURATION_LOW, SATURATION_HIGH = 0.25, 1.25
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    sharing: float
+    prompt_tokens: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    """Config `capacity:` (docs/capacity.md)."""
+
+    shapes: tuple[Shape, ...]
+    bracket: tuple[float, float] | None
+    saturation_rate: float
+    saturation_duration_s: float
+    tolerance: float
+    max_probes: int
+    repetitions: int
+    keeps_pace: float
+    limits: Mapping[str, float]  # e.g. {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CapacitySettings:
+        section = config.get("capacity")
+        if not section:
+            raise ConfigError("config key capacity: not set (docs/capacity.md)")
+        bracket = section.get("bracket")
+        return cls(
+            shapes=tuple(
+                Shape(
+                    str(s["name"]),
+                    float(s["sharing"]),
+                    int(s["prompt_tokens"]),
+                    float(s["duration_s"]),
+                )
+                for s in section["shapes"]
+            ),
+            bracket=(float(bracket[0]), float(bracket[1])) if bracket else None,
+            saturation_rate=float(section.get("saturation_rate", 2.0)),
+            saturation_duration_s=float(section.get("saturation_duration_s", 120.0)),
+            tolerance=float(section.get("tolerance", 0.02)),
+            max_probes=int(section.get("max_probes", 12)),
+            repetitions=int(section.get("repetitions", config["repetitions"])),
+            keeps_pace=float(section.get("keeps_pace", config["analysis"]["keeps_pace"])),
+            limits=dict(section.get("limits", {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1})),
+        )
+
+    def shape(self, name: str) -> Shape:
+        for shape in self.shapes:
+            if shape.name == name:
+                return shape
+        raise ConfigError(f"config key capacity.shapes: no shape named {name!r}")
+
+
+@dataclass(frozen=True)
+class Search:
+    arm: str
+    engine: str
+    shape: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.arm}-{self.engine}-{self.shape}"
+
+
+def searches(config: Mapping[str, Any]) -> list[Search]:
+    """Every (arm, engine, shape) of the campaign, in config order."""
+    settings = CapacitySettings.from_config(config)
+    return [
+        Search(arm, engine, shape.name)
+        for arm in config["arms"]
+        for engine in config["arms"][arm]["engines"]
+        for shape in settings.shapes
+    ]
+
+
+def probe_condition(
+    shape: Shape, rate: float, *, duration_s: float | None = None, saturation: bool = False
+) -> Condition:
+    """The condition a probe of `shape` at `rate` (agent graphs/s) runs; its id names the shape and
+    the rate to five significant digits (`cap-<shape>-r0.27344`), so it seeds the trace."""
+    return Condition(
+        id=probe_id(shape, rate, saturation=saturation),
+        sweep="rate",
+        rate=float(f"{rate:.5g}"),
+        sharing=shape.sharing,
+        prompt_tokens=shape.prompt_tokens,
+        duration_s=shape.duration_s if duration_s is None else duration_s,
+    )
+
+
+def probe_id(shape: Shape, rate: float, *, saturation: bool = False) -> str:
+    kind = "sat" if saturation else "r"
+    return f"cap-{shape.name}-{kind}{float(f'{rate:.5g}'):g}"
+
+
+def probe_seed(campaign_seed: int, probe: str, rep: str) -> int:
+    return trace_seed(campaign_seed, probe, rep)
+
+
+# ------------------------------------------------------------------------------ the search
+
+
+def next_rate(state: Mapping[str, Any], settings: CapacitySettings) -> tuple[str, float | None]:
+    """What the search does next from its state: ("saturation", rate), ("probe", rate) or
+    ("done", None). `state` holds `bracket` (or None before the saturation probe) and `probes`
+    (each `rate` and `passed`)."""
+    probes = [p for p in state["probes"] if not p.get("saturation")]
+    bracket = state.get("bracket")
+    if bracket is None:
+        return "saturation", settings.saturation_rate
+    lo, hi = float(bracket[0]), float(bracket[1])
+    rates = {float(p["rate"]): bool(p["passed"]) for p in probes}
+    if lo not in rates:
+        return "probe", lo
+    if not rates[lo]:
+        return "done", None  # below the bracket
+    if hi not in rates:
+        return "probe", hi
+    if rates[hi]:
+        return "done", None  # above the bracket
+    passed = max(r for r, ok in rates.items() if ok)
+    failed = min(r for r, ok in rates.items() if not ok and r > passed)
+    if (failed - passed) / failed < settings.tolerance or len(probes) >= settings.max_probes:
+        return "done", None
+    return "probe", float(f"{math.sqrt(passed * failed):.5g}")
+
+
+def bracket_of(state: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(highest passing rate, lowest failing rate above it); None where the probes say nothing."""
+    rates = [(float(p["rate"]), bool(p["passed"])) for p in state["probes"] if not p.get("saturation")]
+    passing = [r for r, ok in rates if ok]
+    best = max(passing) if passing else None
+    failing = [r for r, ok in rates if not ok and (best is None or r > best)]
+    return best, (min(failing) if failing else None)
+
+
+def evaluate_probe(
+    run_dirs: Sequence[str | Path],
+    settings: CapacitySettings,
+    *,
+    exclude_first_graph: bool = True,
+) -> dict[str, Any]:
+    """Pass/fail of one probe from its repetitions' artifacts (module docstring)."""
+    reps = []
+    for run_dir in run_dirs:
+        record = read_run_json(Path(run_dir) / "run.json")
+        offered = float(record["offered_load_rps"])
+        row: dict[str, Any] = {"rep": record["rep"], "status": record["status"], "offered_rps": offered}
+        if record["status"] == "ok":
+            table = read_parquet(Path(run_dir) / "requests.parquet", REQUESTS_SCHEMA)
+            metrics = run_metrics_row(
+                reduce_requests(table, str(run_dir)),
+                RequestSlo(None, None, None),
+                exclude_first_graph=exclude_first_graph,
+            )
+            row.update({k: metrics[k] for k in ("throughput_rps", *settings.limits)})
+            row["keeps_pace"] = bool(metrics["throughput_rps"] >= settings.keeps_pace * offered)
+            row["within_limits"] = all(
+                math.isfinite(float(metrics[k])) and float(metrics[k]) <= limit
+                for k, limit in settings.limits.items()
+            )
+            row["passed"] = row["keeps_pace"] and row["within_limits"]
+        else:
+            row["passed"] = False
+        reps.append(row)
+    return {"passed": all(r["passed"] for r in reps) and bool(reps), "reps": reps}
+
+
+def saturation_bracket(run_dirs: Sequence[str | Path], requests_per_graph: int) -> list[float]:
+    """[0.25, 1.25] × the completed graphs/s of a saturation probe (its repetitions' median)."""
+    rates = []
+    for run_dir in run_dirs:
+        table = read_parquet(Path(run_dir) / "requests.parquet", REQUESTS_SCHEMA)
+        x = run_metrics_row(reduce_requests(table, str(run_dir)), RequestSlo(None, None, None))
+        rates.append(float(x["throughput_rps"]) / requests_per_graph)
+    rates.sort()
+    completed = rates[len(rates) // 2]
+    return [float(f"{SATURATION_LOW * completed:.5g}"), float(f"{SATURATION_HIGH * completed:.5g}")]
+
+
+def worst_case_cost_s(config: Mapping[str, Any]) -> float:
+    """Seconds of load a capacity target can take at most: every search's probes × repetitions ×
+    (duration + pause), plus a saturation probe each and one deployment per search (its health
+    timeout, the longest a start-up may take)."""
+    s = CapacitySettings.from_config(config)
+    pause = float(config["campaign"]["pause_between_runs_s"])
+    startup = float(config["dispatch"].get("health_timeout_s", 900))
+    total = 0.0
+    for search in searches(config):
+        shape = s.shape(search.shape)
+        total += s.max_probes * s.repetitions * (shape.duration_s + pause)
+        if s.bracket is None:
+            total += s.repetitions * (s.saturation_duration_s + pause)
+        total += startup
+    return total
+
+
+# ------------------------------------------------------------------------------ the output
+
+CSV_COLUMNS = (
+    "engine",
+    "arm",
+    "shape",
+    "sharing",
+    "prompt_tokens",
+    "duration_s",
+    "criteria",
+    "capacity_low",
+    "capacity_high",
+    "bracket_width_pct",
+    "probes",
+    "load_hours",
+    "stopped",
+)
+
+
+def capacity_csv(states: Sequence[Mapping[str, Any]], settings: CapacitySettings) -> str:
+    """results/capacity.csv: one row per search (engine, arm, shape, criteria, the bracket
+    [highest pass, lowest fail] in agent graphs/s, probes used, load-hours spent)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    criteria = ";".join(
+        [f"X>={settings.keeps_pace:g}*offered", *(f"{k}<={v:g}" for k, v in settings.limits.items())]
+    )
+    for state in states:
+        shape = settings.shape(state["shape"])
+        low, high = bracket_of(state)
+        width = "" if low is None or high is None else f"{100 * (high - low) / high:.2f}"
+        seconds = sum(float(p["load_s"]) for p in state["probes"])
+        writer.writerow(
+            {
+                "engine": state["engine"],
+                "arm": state["arm"],
+                "shape": shape.name,
+                "sharing": shape.sharing,
+                "prompt_tokens": shape.prompt_tokens,
+                "duration_s": f"{shape.duration_s:g}",
+                "criteria": criteria,
+                "capacity_low": "" if low is None else f"{low:g}",
+                "capacity_high": "" if high is None else f"{high:g}",
+                "bracket_width_pct": width,
+                "probes": sum(1 for p in state["probes"] if not p.get("saturation")),
+                "load_hours": f"{seconds / 3600:.3f}",
+                "stopped": state["stopped"],
+            }
+        )
+    return out.getvalue()
+
+
+def write_state(path: str | Path, state: Mapping[str, Any]) -> None:
+    write_json(path, dict(state))
+
+
+def read_state(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_capacity(paths: Sequence[str | Path], out_csv: str | Path, settings: CapacitySettings) -> None:
+    write_text(out_csv, capacity_csv([read_state(p) for p in paths], settings))
+
+
+def search_identity(config: Mapping[str, Any], search: Search) -> dict[str, Any]:
+    """What defines a search's measurements (the steps' params): its deployment, the capacity
+    settings, the seeds, the workload and the identity part of the run settings. Operational
+    settings (timeouts, poll intervals, the cluster's whereabouts) are read when a step runs, so
+    changing one re-measures nothing."""
+    return {
+        "search": {"arm": search.arm, "engine": search.engine, "shape": search.shape},
+        "deployment": deployment_identity(config, deployment_params(config, search)),
+        "run": run_identity(config, {"arm": search.arm, "engine": search.engine}),
+        "capacity": dict(config["capacity"]),
+        "campaign_seed": int(config["campaign_seed"]),
+        "repetitions": int(config["repetitions"]),
+        "keeps_pace": float(config["analysis"]["keeps_pace"]),
+        "workload": dict(config["workload"]),
+        "tokenizer": str(config["tokenizer"]),
+    }
+
+
+def deployment_params(config: Mapping[str, Any], search: Search) -> dict[str, Any]:
+    """The search's deployment, as the campaign's deploy rule gets it: the arm's flags without any
+    condition's own (a probe is no condition of the grid)."""
+    d = deployment_for(config, search.arm, search.engine, condition="")
+    return {
+        "deployment_id": d.id,
+        "arm": search.arm,
+        "engine": search.engine,
+        "flags": list(d.flags),
+        "image": config["engines"][search.engine].get("image"),
+        "port": config["engines"][search.engine]["port"],
+        "expect_chunked_prefill": d.expect_chunked_prefill,
+        "expect_chunk_size": d.expect_chunk_size,
+    }
