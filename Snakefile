@@ -38,6 +38,8 @@ onstart:
     import time
 
     workflow_started_s = time.time()
+    # On real hardware the capacity search's worst case is GPU time: say it before the first probe.
+    print_capacity_cost()
 
 
 onsuccess:

@@ -21,15 +21,24 @@ from servelab.capacity import (
     write_state,
 )
 from servelab.config import offered_load, trace_seed
+from servelab.identity import manifest_settings
 from servelab.workload.compiler import compile_trace_files
 
 __all__ = ["capacity_step", "deploy_search", "measure_probe"]
 
 
 def deploy_search(config: Mapping[str, Any], search: Search, folder: str | Path) -> dict[str, Any]:
-    """Deploy the search's engine once and confirm its resolved configuration (the gate)."""
+    """Render the search's manifests (every backend, as the campaign does), deploy its engine once
+    and confirm its resolved configuration (the gate)."""
     dep = deployment_params(config, search)
     folder = Path(folder)
+    kubernetes = manifest_settings(config)
+    campaign.render_manifests(
+        deployment=dep,
+        namespace=kubernetes["namespace"],
+        kubernetes=kubernetes,
+        manifest_path=str(folder / "manifest.yaml"),
+    )
     return campaign.deploy(
         deployment=dep,
         backend=config["backend"],
@@ -160,13 +169,17 @@ def capacity_step(
     )
     shape = settings.shape(search.shape)
     duration = settings.saturation_duration_s if saturation else shape.duration_s
-    probe: dict[str, Any] = {"rate": rate, "saturation": saturation, "load_s": duration * len(run_dirs)}
+    probe: dict[str, Any] = {
+        "rate": rate,
+        "saturation": saturation,
+        "load_s": duration * len(run_dirs),
+    }
     if saturation:
         per_graph = int(config["workload"]["workers_per_graph"]) + 2
         state["bracket"] = saturation_bracket(run_dirs, per_graph)
         probe["passed"] = None
     else:
-        probe.update(evaluate_probe(run_dirs, settings))
+        probe.update(evaluate_probe(run_dirs, settings, duration_s=duration))
     state["probes"].append(probe)
     write_state(state_path, state)
     return state

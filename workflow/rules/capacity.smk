@@ -6,6 +6,7 @@
 
 rule capacity_deploy:
     output:
+        manifest="results/capacity/{search}/deployment/manifest.yaml",
         startup_log="results/capacity/{search}/deployment/startup.log",
         resolved="results/capacity/{search}/deployment/resolved.json",
     log:
@@ -53,6 +54,7 @@ rule capacity:
         states=capacity_final_states,
     output:
         csv="results/capacity.csv",
+        figure="results/figures/capacity.png",
     log:
         "results/logs/capacity/capacity.log",
     conda:

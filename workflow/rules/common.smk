@@ -355,11 +355,17 @@ def capacity_identity(wildcards):
 def capacity_previous_step(wildcards):
     """Step k reads step k-1's state (the first step reads none)."""
     step = int(wildcards.step)
-    return [] if step == 0 else [f"results/capacity/{wildcards.search}/step-{step - 1}.json"]
+    previous = "results/capacity/{search}/step-{step}.json"
+    return [] if step == 0 else [previous.format(search=wildcards.search, step=step - 1)]
 
 
 def capacity_final_states(wildcards):
     """Each search's last state: walk its checkpoint chain until a step says it is done."""
+    if not SEARCHES:
+        raise ValueError(
+            "the capacity target: the config has no `capacity:` section (docs/capacity.md; "
+            "e.g. --configfile config/capacity.yaml)"
+        )
     finals = []
     for search_id in SEARCHES:
         step = 0
@@ -370,6 +376,22 @@ def capacity_final_states(wildcards):
             step += 1
         finals.append(state)
     return finals
+
+
+def print_capacity_cost():
+    """Print the capacity search's worst-case cost when it is a target on a non-sim backend."""
+    from servelab.workflow_io import requested_targets
+
+    if not SEARCHES or config["backend"] == "sim":
+        return
+    if "results/capacity.csv" not in requested_targets(workflow):
+        return
+    hours = capacity.worst_case_cost_s(config) / 3600
+    print(
+        f"servelab: the capacity search's worst case is {hours:.1f} h of load on the "
+        f"{config['backend']} backend ({len(SEARCHES)} searches x max_probes x repetitions x "
+        "(duration + pause), plus a deployment each)"
+    )
 
 
 # ----------------------------------------------------------------------------- handlers

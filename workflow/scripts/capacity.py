@@ -1,11 +1,10 @@
-"""Snakemake adapter: results/capacity.csv from every search's final state."""
+"""Snakemake adapter: results/capacity.csv and its figure from every search's final state."""
 
-from servelab.capacity import CapacitySettings, write_capacity
+from servelab.capacity import CapacitySettings, read_state, write_capacity
+from servelab.capacity_figure import draw_capacity
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
-    write_capacity(
-        list(snakemake.input.states),
-        snakemake.output.csv,
-        CapacitySettings.from_config(snakemake.config),
-    )
+    states = list(snakemake.input.states)
+    write_capacity(states, snakemake.output.csv, CapacitySettings.from_config(snakemake.config))
+    draw_capacity([read_state(p) for p in states], snakemake.output.figure)

@@ -1,0 +1,159 @@
+"""The capacity search (servelab.capacity): the bisection's stopping rule on a known threshold, the
+saturation probe, the worst-case cost, and, on the sim backend with short runs, that the bisection's
+bracket agrees with an exhaustive sweep over a fine rate grid on the same seeds."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servelab.capacity import (
+    CapacitySettings,
+    Search,
+    bracket_of,
+    capacity_csv,
+    evaluate_probe,
+    next_rate,
+    probe_id,
+    worst_case_cost_s,
+)
+from servelab.capacity_run import deploy_search, measure_probe
+from servelab.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(**capacity: object) -> dict:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["capacity"] = {
+        "shapes": [{"name": "tiny", "sharing": 0.5, "prompt_tokens": 1024, "duration_s": 120}],
+        "bracket": [0.1, 1.0],
+        "tolerance": 0.05,
+        "max_probes": 12,
+        "repetitions": 1,
+        "keeps_pace": 0.7,
+        "limits": {"ttft_p99_s": 2.0},
+        **capacity,
+    }
+    return config
+
+
+def _search(settings: CapacitySettings, passes, bracket=None) -> dict:
+    """Run the search against a pass/fail function; returns the final state."""
+    state = {"bracket": list(bracket) if bracket else None, "probes": []}
+    for _ in range(100):
+        action, rate = next_rate(state, settings)
+        if action == "done":
+            return state
+        if action == "saturation":
+            state["probes"].append({"rate": rate, "saturation": True, "passed": None})
+            state["bracket"] = [0.1, 1.0]
+            continue
+        state["probes"].append({"rate": rate, "passed": passes(rate)})
+    raise AssertionError("the search did not stop")
+
+
+@pytest.mark.parametrize("threshold", [0.137, 0.3137, 0.77])
+def test_bisection_brackets_a_known_threshold_within_the_tolerance(threshold: float) -> None:
+    settings = CapacitySettings.from_config(_config(tolerance=0.02, max_probes=30))
+    state = _search(settings, lambda r: r <= threshold, bracket=(0.1, 1.0))
+    low, high = bracket_of(state)
+    assert low is not None and high is not None
+    assert low <= threshold < high and (high - low) / high < 0.02
+    assert len(state["probes"]) <= 2 + 10  # the two ends, then log2(ln(10)/0.02)-ish halvings
+
+
+def test_the_search_stops_at_the_bracket_or_after_max_probes() -> None:
+    settings = CapacitySettings.from_config(_config(tolerance=0.001, max_probes=5))
+    below = _search(settings, lambda r: False, bracket=(0.1, 1.0))
+    assert [p["rate"] for p in below["probes"]] == [0.1] and bracket_of(below) == (None, 0.1)
+    above = _search(settings, lambda r: True, bracket=(0.1, 1.0))
+    assert [p["rate"] for p in above["probes"]] == [0.1, 1.0] and bracket_of(above) == (1.0, None)
+    capped = _search(settings, lambda r: r < 0.5, bracket=(0.1, 1.0))
+    assert len(capped["probes"]) == 5  # max_probes, though the tolerance is not reached
+
+
+def test_without_a_bracket_a_saturation_probe_comes_first() -> None:
+    settings = CapacitySettings.from_config(_config(bracket=None, saturation_rate=3.0))
+    assert next_rate({"bracket": None, "probes": []}, settings) == ("saturation", 3.0)
+
+
+def test_probe_ids_name_the_shape_and_rate_and_seed_the_trace() -> None:
+    shape = CapacitySettings.from_config(_config()).shape("tiny")
+    assert probe_id(shape, 0.273442) == "cap-tiny-r0.27344"
+    assert probe_id(shape, 3.0, saturation=True) == "cap-tiny-sat3"
+    with pytest.raises(ConfigError, match="no shape named 'wide'"):
+        CapacitySettings.from_config(_config()).shape("wide")
+
+
+def test_worst_case_cost_counts_every_probe_repetition_pause_and_deployment() -> None:
+    config = _config(max_probes=10, repetitions=3)
+    config["campaign"]["pause_between_runs_s"] = 30
+    config["dispatch"]["health_timeout_s"] = 900
+    # 5 searches (defaults x 2 engines, matched x 2... as the config's arms list them)
+    n = sum(len(arm["engines"]) for arm in config["arms"].values())
+    assert worst_case_cost_s(config) == n * (10 * 3 * (120 + 30) + 900)
+
+
+def test_capacity_csv_reports_the_bracket_probes_and_load_hours() -> None:
+    settings = CapacitySettings.from_config(_config())
+    state = _search(settings, lambda r: r <= 0.42, bracket=(0.1, 1.0))
+    for p in state["probes"]:
+        p["load_s"] = 120.0
+    state.update(arm="defaults", engine="vllm", shape="tiny", stopped="tolerance")
+    text = capacity_csv([state], settings)
+    header, row = text.splitlines()
+    fields = dict(zip(header.split(","), row.split(","), strict=True))
+    low, high = bracket_of(state)
+    assert (float(fields["capacity_low"]), float(fields["capacity_high"])) == (low, high)
+    assert int(fields["probes"]) == len(state["probes"])
+    assert float(fields["load_hours"]) == pytest.approx(len(state["probes"]) * 120 / 3600, abs=1e-3)
+    assert fields["criteria"] == "X>=0.7*offered;ttft_p99_s<=2"
+
+
+@pytest.mark.slow
+def test_bisection_agrees_with_an_exhaustive_sweep_on_the_same_seeds(tmp_path: Path) -> None:
+    """Short sim runs (SGLang, σ 0.5, L 1024, 300 s, one seed per rate): a probe at a rate is the
+    same measurement whoever asks for it, so the bisection's bracket must agree with the grid.
+
+    Arrivals are made regular (CV 0.5) and the limit a median (TTFT p50 <= 1 s): with the study's
+    bursty arrivals (CV 1.5) a 120-300 s probe's pass/fail is not monotone in the rate (each rate has
+    its own seed), which is why capacity needs long probes (docs/capacity.md)."""
+    config = _config(
+        shapes=[{"name": "tiny", "sharing": 0.5, "prompt_tokens": 1024, "duration_s": 300}],
+        limits={"ttft_p50_s": 1.0},
+        keeps_pace=0.1,
+    )
+    config["workload"]["arrival_cv"] = 0.5
+    settings = CapacitySettings.from_config(config)
+    search = Search("defaults", "sglang", "tiny")
+    deploy_search(config, search, tmp_path / "deployment")
+    resolved = tmp_path / "deployment" / "resolved.json"
+
+    @cache
+    def passes(rate: float) -> bool:
+        dirs = measure_probe(
+            copy.deepcopy(config),
+            search,
+            rate,
+            saturation=False,
+            probe_dir=tmp_path / f"probe-{rate:g}",
+            resolved_path=resolved,
+        )
+        return bool(evaluate_probe(dirs, settings, duration_s=300)["passed"])
+
+    state = _search(settings, passes, bracket=(0.1, 1.0))
+    low, high = bracket_of(state)
+    assert low is not None and high is not None and (high - low) / high < settings.tolerance
+    grid = [round(0.2 + 0.025 * i, 3) for i in range(17)]  # 0.2 .. 0.6
+    outcome = {rate: passes(rate) for rate in grid}
+    assert all(outcome[r] for r in grid if r <= low), outcome
+    assert not any(outcome[r] for r in grid if r >= high), outcome
+    # the grid's own transition lies inside the bisection's bracket
+    last_pass = max(r for r in grid if outcome[r])
+    first_fail = min(r for r in grid if not outcome[r])
+    assert last_pass < high and first_fail > low
