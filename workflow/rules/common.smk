@@ -341,7 +341,6 @@ def all_tables():
 # ----------------------------------------------------------------------------- capacity
 
 
-
 def capacity_search(wildcards):
     search = SEARCHES[wildcards.search]
     return {"arm": search.arm, "engine": search.engine, "shape": search.shape}
