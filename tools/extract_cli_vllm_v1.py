@@ -9,16 +9,16 @@ this builds the REAL argparse parser of `vllm serve` in a throwaway venv and des
 `Platform` subclass (no GPU here), so that platform-dependent choices (`--mm-processor-device`,
 `vllm/engine/arg_utils.py` L1568-1574) come out as on a CUDA server.
 
-Reproduce (python3.11; the CPU torch wheel lies in /opt/wheels on the servelab machines)::
+Reproduce (python3.11; any CPU build of torch 2.13 will do)::
 
-    D=/tmp/helpers/vllm-v1
+    D=$(mktemp -d)
     pip download --no-deps vllm==0.33.0 -d $D
     sha256sum $D/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
     #   4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa
     unzip -q $D/vllm-0.33.0-*.whl 'vllm/*' -x '*.so' -d $D/w033    # source to read, optional
     python3.11 -m venv $D/venv && . $D/venv/bin/activate
     pip install --no-deps $D/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
-    pip install --no-deps /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+    pip install --no-deps torch==2.13.0
     pip install typing_extensions sympy networkx jinja2 fsspec filelock pydantic msgspec \
         cloudpickle psutil pyzmq numpy regex cachetools tqdm pyyaml requests prometheus_client \
         'transformers>=5.16.1,<5.21.0' cbor2 aiohttp openai-harmony openai pillow pybase64 \

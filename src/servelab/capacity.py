@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.analysis.reduce import reduce_requests
+from servelab.analysis.reduce import reduce_requests, run_metrics
 from servelab.analysis.slo import RequestSlo, run_metrics_row
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
-from servelab.config import Condition, ConfigError, deployment_for, trace_seed
+from servelab.config import Condition, ConfigError, deployment_for, deployment_record
 from servelab.identity import deployment_identity, run_identity
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "worst_case_cost_s",
 ]
 
-# Requests per agent graph: a planner, the workers, an aggregator.
+# The bracket a saturation probe sets, as multiples of its completed graphs/s.
 SATURATION_LOW, SATURATION_HIGH = 0.25, 1.25
 
 
@@ -148,10 +148,6 @@ def probe_id(shape: Shape, rate: float, *, saturation: bool = False) -> str:
     return f"cap-{shape.name}-{kind}{float(f'{rate:.5g}'):g}"
 
 
-def probe_seed(campaign_seed: int, probe: str, rep: str) -> int:
-    return trace_seed(campaign_seed, probe, rep)
-
-
 # ------------------------------------------------------------------------------ the search
 
 
@@ -237,8 +233,8 @@ def saturation_bracket(run_dirs: Sequence[str | Path], requests_per_graph: int) 
     rates = []
     for run_dir in run_dirs:
         table = read_parquet(Path(run_dir) / "requests.parquet", REQUESTS_SCHEMA)
-        x = run_metrics_row(reduce_requests(table, str(run_dir)), RequestSlo(None, None, None))
-        rates.append(float(x["throughput_rps"]) / requests_per_graph)
+        x = run_metrics(reduce_requests(table, str(run_dir))).throughput
+        rates.append(float(x) / requests_per_graph)
     rates.sort()
     completed = rates[len(rates) // 2]
     return [float(f"{SATURATION_LOW * completed:.5g}"), float(f"{SATURATION_HIGH * completed:.5g}")]
@@ -352,14 +348,6 @@ def search_identity(config: Mapping[str, Any], search: Search) -> dict[str, Any]
 def deployment_params(config: Mapping[str, Any], search: Search) -> dict[str, Any]:
     """The search's deployment, as the campaign's deploy rule gets it: the arm's flags without any
     condition's own (a probe is no condition of the grid)."""
-    d = deployment_for(config, search.arm, search.engine, condition="")
-    return {
-        "deployment_id": d.id,
-        "arm": search.arm,
-        "engine": search.engine,
-        "flags": list(d.flags),
-        "image": config["engines"][search.engine].get("image"),
-        "port": config["engines"][search.engine]["port"],
-        "expect_chunked_prefill": d.expect_chunked_prefill,
-        "expect_chunk_size": d.expect_chunk_size,
-    }
+    return deployment_record(
+        config, deployment_for(config, search.arm, search.engine, condition="")
+    )

@@ -12,6 +12,7 @@ from servelab import campaign
 from servelab.capacity import (
     CapacitySettings,
     Search,
+    bracket_of,
     deployment_params,
     evaluate_probe,
     next_rate,
@@ -144,16 +145,17 @@ def capacity_step(
         return state
     action, rate = next_rate(state, settings)
     if action == "done":
-        low_ok = {p["rate"]: p["passed"] for p in state["probes"]}
-        bracket = state["bracket"]
-        if not low_ok.get(bracket[0], True):
-            state["stopped"] = "below-bracket"
-        elif low_ok.get(bracket[1], False):
-            state["stopped"] = "above-bracket"
-        elif len([p for p in state["probes"] if not p.get("saturation")]) >= settings.max_probes:
-            state["stopped"] = "max-probes"
-        else:
-            state["stopped"] = "tolerance"
+        low, high = bracket_of(state)
+        probes = sum(1 for p in state["probes"] if not p.get("saturation"))
+        state["stopped"] = (
+            "below-bracket"
+            if low is None
+            else "above-bracket"
+            if high is None
+            else "max-probes"
+            if probes >= settings.max_probes and (high - low) / high >= settings.tolerance
+            else "tolerance"
+        )
         state["done"] = True
         write_state(state_path, state)
         return state

@@ -346,6 +346,22 @@ def deployment_for(config: Mapping[str, Any], arm: str, engine: str, condition: 
     )
 
 
+def deployment_record(config: Mapping[str, Any], deployment: Deployment) -> dict[str, Any]:
+    """A deployment as the deploy and run jobs get it: id, arm, engine, flags, the engine's image
+    and port, and the chunked-prefill setting its arm expects."""
+    engine = config["engines"][deployment.engine]
+    return {
+        "deployment_id": deployment.id,
+        "arm": deployment.arm,
+        "engine": deployment.engine,
+        "flags": list(deployment.flags),
+        "image": engine.get("image"),
+        "port": engine["port"],
+        "expect_chunked_prefill": deployment.expect_chunked_prefill,
+        "expect_chunk_size": deployment.expect_chunk_size,
+    }
+
+
 def vendor_default_flags(config: Mapping[str, Any], engine: str) -> tuple[str, ...]:
     """`engine`'s command line under vendor defaults: the flags every deployment passes plus the
     defaults arm's (no condition's), as results/defaults_diff.csv resolves them."""

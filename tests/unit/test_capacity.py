@@ -94,7 +94,7 @@ def test_worst_case_cost_counts_every_probe_repetition_pause_and_deployment() ->
     config = _config(max_probes=10, repetitions=3)
     config["campaign"]["pause_between_runs_s"] = 30
     config["dispatch"]["health_timeout_s"] = 900
-    # 5 searches (defaults x 2 engines, matched x 2... as the config's arms list them)
+    # one search per (arm, engine) of the config, one shape
     n = sum(len(arm["engines"]) for arm in config["arms"].values())
     assert worst_case_cost_s(config) == n * (10 * 3 * (120 + 30) + 900)
 

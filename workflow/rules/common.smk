@@ -83,16 +83,7 @@ def deployment_of(wildcards):
 
 
 def deployment_params(deployment):
-    return {
-        "deployment_id": deployment.id,
-        "arm": deployment.arm,
-        "engine": deployment.engine,
-        "flags": list(deployment.flags),
-        "image": config["engines"][deployment.engine].get("image"),
-        "port": config["engines"][deployment.engine]["port"],
-        "expect_chunked_prefill": deployment.expect_chunked_prefill,
-        "expect_chunk_size": deployment.expect_chunk_size,
-    }
+    return grid.deployment_record(config, deployment)
 
 
 def deployment_spec(wildcards):

@@ -30,7 +30,15 @@ import pyarrow.compute as pc
 from servelab.analysis import stats
 from servelab.artifacts import ROLES, ArtifactError
 
-__all__ = ["RequestMetrics", "RunMetrics", "reduce_requests", "reduce_telemetry", "run_metrics"]
+__all__ = [
+    "RequestMetrics",
+    "RunMetrics",
+    "latency_sample",
+    "reduce_requests",
+    "reduce_telemetry",
+    "run_metrics",
+    "window_s",
+]
 
 FloatArray = npt.NDArray[np.float64]
 ROLE_CODES = {role: i for i, role in enumerate(ROLES)}
@@ -187,20 +195,36 @@ class RunMetrics:
     tpot: FloatArray = field(repr=False)
 
 
+def latency_sample(
+    req: RequestMetrics, *, exclude_first_graph: bool = True
+) -> npt.NDArray[np.bool_]:
+    """The latency sample: measured rows (not warm-up, past the first graph unless it is kept),
+    status ok, with an output chunk (module docstring)."""
+    first_graph = 1 if exclude_first_graph else 0
+    measured = ~req.warmup & (req.graph_id >= first_graph)
+    return measured & req.ok & (req.n_chunks > 0) & np.isfinite(req.ttft)
+
+
+def window_s(req: RequestMetrics) -> float:
+    """W: the first non-warm-up send to the last output chunk of any non-warm-up request."""
+    trace = ~req.warmup
+    sent = req.sent[trace & np.isfinite(req.sent)]
+    ends = req.last_chunk[trace & np.isfinite(req.last_chunk)]
+    return float(ends.max() - sent.min()) if sent.size and ends.size else NAN
+
+
 def run_metrics(req: RequestMetrics, *, exclude_first_graph: bool = True) -> RunMetrics:
     """Reduce per-request metrics to the run metrics of §4.2."""
     trace = ~req.warmup
     first_graph = 1 if exclude_first_graph else 0
     measured_rows = trace & (req.graph_id >= first_graph)
-    sample = measured_rows & req.ok & (req.n_chunks > 0) & np.isfinite(req.ttft)
+    sample = latency_sample(req, exclude_first_graph=exclude_first_graph)
     ttft = req.ttft[sample]
     tpot = req.tpot[sample]
     role = req.role[sample]
 
     n_ok = int(np.count_nonzero(trace & req.ok))
-    sent = req.sent[trace & np.isfinite(req.sent)]
-    ends = req.last_chunk[trace & np.isfinite(req.last_chunk)]
-    window = float(ends.max() - sent.min()) if sent.size and ends.size else NAN
+    window = window_s(req)
     throughput = n_ok / window if np.isfinite(window) and window > 0 else NAN
 
     lags = req.lag[trace & np.isfinite(req.lag)]

@@ -24,7 +24,13 @@ import numpy as np
 import numpy.typing as npt
 
 from servelab.analysis import stats
-from servelab.analysis.reduce import RequestMetrics, reduce_requests
+from servelab.analysis.reduce import (
+    RequestMetrics,
+    latency_sample,
+    reduce_requests,
+    run_metrics,
+    window_s,
+)
 from servelab.artifacts import (
     REQUESTS_SCHEMA,
     read_parquet,
@@ -102,16 +108,9 @@ def meets_slo(req: RequestMetrics, slo: RequestSlo) -> npt.NDArray[np.bool_]:
     return ok
 
 
-def _window(req: RequestMetrics) -> float:
-    trace = ~req.warmup
-    sent = req.sent[trace & np.isfinite(req.sent)]
-    ends = req.last_chunk[trace & np.isfinite(req.last_chunk)]
-    return float(ends.max() - sent.min()) if sent.size and ends.size else NAN
-
-
 def goodput(req: RequestMetrics, slo: RequestSlo) -> float:
     """Requests/s over W meeting the SLO (module docstring); NaN without a window."""
-    window = _window(req)
+    window = window_s(req)
     if not np.isfinite(window) or window <= 0:
         return NAN
     return float(np.count_nonzero(meets_slo(req, slo))) / window
@@ -122,14 +121,7 @@ def run_metrics_row(
 ) -> dict[str, float | int]:
     """One run's named metrics: percentiles of each latency metric over the measured sample
     (reduce.run_metrics' rule), X, goodput and SLO attainment."""
-    first_graph = 1 if exclude_first_graph else 0
-    sample = (
-        ~req.warmup
-        & (req.graph_id >= first_graph)
-        & req.ok
-        & (req.n_chunks > 0)
-        & np.isfinite(req.ttft)
-    )
+    sample = latency_sample(req, exclude_first_graph=exclude_first_graph)
     in_sample = sample[req.itl_row] if req.itl_row.size else np.zeros(0, dtype=bool)
     values = {
         "ttft": req.ttft[sample],
@@ -139,10 +131,7 @@ def run_metrics_row(
         "e2e": req.e2e[sample],
         "normalised": req.normalised[sample],
     }
-    window = _window(req)
-    # X as reduce.run_metrics counts it: every completed non-warm-up request, graph 0 included
-    completed = ~req.warmup & req.ok
-    x = float(np.count_nonzero(completed)) / window if window > 0 else NAN
+    x = run_metrics(req, exclude_first_graph=exclude_first_graph).throughput
     good = goodput(req, slo)
     row: dict[str, float | int] = {"n_sample": int(np.count_nonzero(sample))}
     for name in LATENCY_METRICS:

@@ -59,7 +59,6 @@ from servelab.engines.base import (
     EngineFlags,
     ResolutionError,
     ResolvedConfig,
-    RuntimeLimits,
     model_len,
 )
 from servelab.engines.cmdline import parse_table
@@ -193,23 +192,10 @@ def resolve(
     )
 
 
-def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> RuntimeLimits:
-    """The limits V1 derives once its KV pool holds `kv_capacity_tokens` (module docstring)."""
-    assert resolved.block_size is not None and resolved.max_num_seqs is not None
-    blocks = kv_capacity_tokens // resolved.block_size
-    if blocks <= 0:
-        raise ResolutionError(
-            f"kv_capacity_tokens={kv_capacity_tokens}: less than one "
-            f"{resolved.block_size}-token block"
-        )
-    tokens = blocks * resolved.block_size
-    return RuntimeLimits(
-        kv_capacity_tokens=tokens,
-        num_gpu_blocks=blocks,
-        max_running_requests=resolved.max_num_seqs,
-        prompt_limit=resolved.context_len,
-        max_concurrency=tokens / resolved.context_len,
-    )
+# The limits V1 derives from its KV pool are V0's (`vllm.runtime_limits`): blocks of block_size
+# tokens, max_num_seqs running, prompts up to max_model_len (without chunking V1's
+# verify_max_model_len already holds the budget at or above it).
+runtime_limits = vllm.runtime_limits
 
 
 # ------------------------------------------------------------------------------ start-up log

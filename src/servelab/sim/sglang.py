@@ -83,6 +83,7 @@ class SglangModel(EngineModel):
                 f"schedule_policy: {params.schedule_policy!r} is not simulated (lpm or fcfs)"
             )
         self.p = params
+        self._counts_retractions = engine_spec(params.engine).family == "0.5"
         self.model = model
         self.bos_token_id = model.bos_token_id
         self.cost = cost
@@ -572,7 +573,7 @@ class SglangModel(EngineModel):
         out = dict(self.gauges)
         out["sglang:prompt_tokens_total"] = float(self.prompt_tokens_total)
         out["sglang:generation_tokens_total"] = float(self.generation_tokens_total)
-        if engine_spec(self.p.engine).family == "0.5":
+        if self._counts_retractions:
             # 0.5 counts retractions (observability/metrics_collector.py at 0.5.23)
             out["sglang:num_retracted_requests_total"] = float(self.num_retractions)
         return out

@@ -75,6 +75,7 @@ class VllmModel(EngineModel):
         ):
             raise ValueError("max_num_batched_tokens must be a multiple of the block size")
         self.p = params
+        self._v1_names = engine_spec(params.engine).family == "V1"  # V1's /metrics names
         self.model = model
         self.bos_token_id = model.bos_token_id
         self.cost = cost
@@ -569,7 +570,7 @@ class VllmModel(EngineModel):
     def metrics(self) -> dict[str, float]:
         """vLLM 0.6.3 /metrics series (engine/metrics.py), updated every engine step; V1's names
         (v1/metrics/loggers.py at 0.33.0) for the V1 family."""
-        if engine_spec(self.p.engine).family == "V1":
+        if self._v1_names:
             cached = float(self.hit_hits * self.p.block_size)  # V1 counts prefix hits in tokens
             return {
                 "vllm:num_requests_running": float(len(self.dec) + len(self.pf)),
