@@ -19,6 +19,7 @@ include: "workflow/rules/analysis.smk"
 include: "workflow/rules/status.smk"
 include: "workflow/rules/bundle.smk"
 include: "workflow/rules/capacity.smk"
+include: "workflow/rules/floor.smk"
 
 
 rule all:
@@ -27,6 +28,7 @@ rule all:
         tables=all_tables(),
         defaults_diff=rules.defaults_diff.output.csv,
         run_metrics=rules.run_metrics.output.csv,
+        floor=rules.floor.output.csv,
         figures=rules.figures.output.figures,
         numbers=rules.numbers.output.numbers,
         checksums=rules.checksums.output.checksums,

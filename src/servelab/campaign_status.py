@@ -47,6 +47,8 @@ from servelab.config import (
     analysis_settings,
     conditions,
     deployment_for,
+    floor_blocks,
+    floor_settings,
     read_config_file,
     reps,
     runs,
@@ -398,6 +400,7 @@ class CampaignPlan:
     deployments: tuple[DeploymentPlan, ...]
     startup_each_s: float
     worst_startup_each_s: float | None  # kubernetes: timeouts.ready_s
+    floor_runs: int = 0  # `all` also measures the unloaded floors (not in the hours)
 
     def total(self, part: str) -> float:
         return sum(getattr(d, part) for d in self.deployments)
@@ -457,6 +460,11 @@ def plan_campaign(
         deployments=plans,
         startup_each_s=startup,
         worst_startup_each_s=worst,
+        floor_runs=(
+            len(floor_blocks(config)) * floor_settings(config)["repetitions"]
+            if target == "all"
+            else 0
+        ),
     )
 
 
@@ -503,6 +511,12 @@ def format_plan(plan: CampaignPlan) -> str:
         lines.append(
             f"worst case, every start-up taking kubernetes.timeouts.ready_s "
             f"({plan.worst_startup_each_s:.0f} s): {plan.worst_case_gpu_hours:.2f} GPU-hours"
+        )
+    if plan.floor_runs:
+        lines.append(
+            f"not in these hours: {plan.floor_runs} unloaded-floor run(s) of results/floor.csv "
+            "(closed loop, floor.requests requests one at a time: a floor's length is not known "
+            "before it runs; docs/capacity.md gives the study grid's on the sim)"
         )
     if plan.backend == "sim":
         lines.append("backend sim: the simulator runs these in virtual time, on no GPU")

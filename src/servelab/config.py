@@ -32,12 +32,16 @@ __all__ = [
     "Condition",
     "ConfigError",
     "Deployment",
+    "FloorBlock",
+    "FloorShape",
     "Run",
     "analysis_settings",
     "condition_id",
     "conditions",
     "deployments",
     "drop_removed_engines",
+    "floor_blocks",
+    "floor_settings",
     "load_config",
     "read_config_file",
     "runs",
@@ -415,3 +419,65 @@ def trace_seed(campaign_seed: int, condition: str, rep: str) -> int:
 def offered_load(condition: Condition, workers_per_graph: int) -> float:
     """Λ: requests per second offered (planner + workers + aggregator per graph)."""
     return condition.rate * (workers_per_graph + 2)
+
+
+# --------------------------------------------------------------------------- the unloaded floor
+
+# Defaults of config `floor:` (docs/capacity.md, "The unloaded floor").
+FLOOR_DEFAULTS = {"requests": 50, "repetitions": 1}
+
+
+@dataclass(frozen=True)
+class FloorShape:
+    """A condition without its rate, duration and arrivals: what the floor's requests look like."""
+
+    sharing: float
+    prompt_tokens: int
+
+    @property
+    def id(self) -> str:
+        """`floor-s0.90-L4096`: the floor's condition id (it seeds the floor's trace)."""
+        return f"floor-s{self.sharing:.2f}-L{self.prompt_tokens}"
+
+    @classmethod
+    def from_id(cls, floor_id: str) -> FloorShape:
+        match = re.fullmatch(r"floor-s([0-9]+\.[0-9]{2})-L([0-9]+)", floor_id)
+        if match is None:
+            raise ValueError(f"{floor_id!r} is not a floor id (floor-s<sharing>-L<tokens>)")
+        return cls(float(match.group(1)), int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class FloorBlock:
+    """The floor of one deployment for one shape its conditions have."""
+
+    deployment: Deployment
+    shape: FloorShape
+
+    @property
+    def id(self) -> str:
+        return f"{self.deployment.id}/{self.shape.id}"
+
+
+def floor_settings(config: Mapping[str, Any]) -> dict[str, int]:
+    """Config `floor:` with its defaults: `requests` per floor run, `repetitions` (seeds)."""
+    given = config.get("floor") or {}
+    return {key: int(given.get(key, value)) for key, value in FLOOR_DEFAULTS.items()}
+
+
+def floor_blocks(config: Mapping[str, Any]) -> list[FloorBlock]:
+    """One floor per (deployment, shape) of the grid's runs, in run order: each deployment is
+    measured unloaded on the request shapes (σ, L) of the conditions it serves."""
+    cond = conditions(config)
+    out: dict[tuple[str, str], FloorBlock] = {}
+    first_rep = reps(config)[0]
+    for run in runs(config):
+        if run.rep != first_rep:
+            continue
+        c = cond[run.condition]
+        block = FloorBlock(
+            deployment_for(config, run.arm, run.engine, run.condition),
+            FloorShape(c.sharing, c.prompt_tokens),
+        )
+        out.setdefault((block.deployment.id, block.shape.id), block)
+    return list(out.values())

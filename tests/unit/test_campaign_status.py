@@ -178,6 +178,10 @@ def test_plan_of_the_full_grid_on_kubernetes_gives_its_gpu_hours(tmp_path: Path)
     text = format_plan(plan)
     assert f"GPU-hours: {plan.gpu_hours:.2f}" in text
     assert f"{plan.worst_case_gpu_hours:.2f} GPU-hours" in text
+    # the floors (five deployments, 20 (deployment, shape) pairs) are named, not hidden in the hours
+    assert plan.floor_runs == 20
+    assert "not in these hours: 20 unloaded-floor run(s)" in text
+    assert plan_campaign(config, "table5", tmp_path / "results").floor_runs == 0
 
 
 def test_plan_leaves_out_final_runs_and_deployments_with_nothing_to_do(

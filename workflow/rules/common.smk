@@ -46,8 +46,18 @@ SEARCHES = (
 )
 
 
+# The unloaded floor (servelab.config.floor_blocks): per deployment, each request shape it serves,
+# one request at a time.
+FLOOR_BLOCKS = {block.id: block for block in grid.floor_blocks(config)}
+FLOOR_SHAPES = {block.shape.id: block.shape for block in FLOOR_BLOCKS.values()}
+FLOOR = grid.floor_settings(config)
+FLOOR_REPS = [f"rep{k}" for k in range(1, FLOOR["repetitions"] + 1)]
+
+
 wildcard_constraints:
     condition=alternation(CONDITIONS),
+    floor=alternation(FLOOR_SHAPES),
+    floor_rep=alternation(FLOOR_REPS),
     rep=alternation(REPS),
     arm=alternation(config["arms"]),
     engine=alternation(config["engines"]),
@@ -394,3 +404,90 @@ def stop_local_backend():
 
         for stopped in stop_all("results"):
             print(f"stopped {stopped}")
+
+
+# ----------------------------------------------------------------------------- unloaded floor
+
+
+def floor_block(wildcards):
+    block_id = f"{wildcards.deployment}/{wildcards.floor}"
+    block = FLOOR_BLOCKS.get(block_id)
+    if block is None or (block.deployment.arm, block.deployment.engine) != (
+        wildcards.arm,
+        wildcards.engine,
+    ):
+        raise ValueError(f"{block_id} is not a floor of the configured grid")
+    return block
+
+
+def floor_shape(wildcards):
+    shape = FLOOR_SHAPES[wildcards.floor]
+    return {"sharing": shape.sharing, "prompt_tokens": shape.prompt_tokens}
+
+
+def floor_seed(wildcards):
+    return grid.trace_seed(config["campaign_seed"], wildcards.floor, wildcards.floor_rep)
+
+
+FLOOR_DIR = "results/floor/{deployment}/runs/{arm}/{engine}/{floor}"
+
+
+def floor_block_inputs(name):
+    """The floor trace file `name` of each floor repetition."""
+
+    def inputs(wildcards):
+        return [
+            rules.floor_trace.output[name].format(floor=wildcards.floor, floor_rep=rep)
+            for rep in FLOOR_REPS
+        ]
+
+    return inputs
+
+
+def floor_block_outputs(name):
+    """The file `name` of every floor repetition of the block being matched."""
+    return [f"{FLOOR_DIR}/{rep}/{name}" for rep in FLOOR_REPS]
+
+
+def floor_resolved_config(wildcards):
+    return rules.deploy.output.resolved.format(deployment=floor_block(wildcards).deployment.id)
+
+
+def floor_priority(wildcards):
+    """With the deployment's own runs (so it is measured while that deployment is up)."""
+    return 100 - DEPLOYMENT_RANK[wildcards.deployment]
+
+
+def floor_block_identity(wildcards):
+    """What defines the floor's measurements: the deployment, the run settings that are identity
+    (no offered load: the floor is a closed loop), its repetitions and the floor's size."""
+    block = floor_block(wildcards)
+    run = {
+        "arm": wildcards.arm,
+        "engine": wildcards.engine,
+        "condition": wildcards.floor,
+        "offered_load_rps": 0.0,
+    }
+    return {
+        "deployment": identity.deployment_identity(config, deployment_params(block.deployment)),
+        "run": identity.run_identity(config, run),
+        "reps": list(FLOOR_REPS),
+    }
+
+
+def floor_results_root(wildcards, output):
+    """The deployment's floor folder: its runs live under runs/ as a campaign's do."""
+    return str(Path(output.block).parents[4])
+
+
+def floor_run_files(name):
+    return [
+        f"{FLOOR_DIR}/{rep}/{name}".format(
+            deployment=block.deployment.id,
+            arm=block.deployment.arm,
+            engine=block.deployment.engine,
+            floor=block.shape.id,
+        )
+        for block in FLOOR_BLOCKS.values()
+        for rep in FLOOR_REPS
+    ]

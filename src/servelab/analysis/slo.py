@@ -42,6 +42,8 @@ __all__ = [
     "METRIC_DEFINITIONS",
     "RequestSlo",
     "goodput",
+    "latency_percentiles",
+    "latency_values",
     "meets_slo",
     "run_metrics_row",
     "write_run_metrics",
@@ -116,14 +118,12 @@ def goodput(req: RequestMetrics, slo: RequestSlo) -> float:
     return float(np.count_nonzero(meets_slo(req, slo))) / window
 
 
-def run_metrics_row(
-    req: RequestMetrics, slo: RequestSlo, *, exclude_first_graph: bool = True
-) -> dict[str, float | int]:
-    """One run's named metrics: percentiles of each latency metric over the measured sample
-    (reduce.run_metrics' rule), X, goodput and SLO attainment."""
-    sample = latency_sample(req, exclude_first_graph=exclude_first_graph)
+def latency_values(
+    req: RequestMetrics, sample: npt.NDArray[np.bool_]
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Every named latency metric's samples over the rows in `sample` (ITL: their chunks)."""
     in_sample = sample[req.itl_row] if req.itl_row.size else np.zeros(0, dtype=bool)
-    values = {
+    return {
         "ttft": req.ttft[sample],
         "tpot": req.tpot[sample],
         "itl_token": req.itl_token[in_sample],
@@ -131,17 +131,32 @@ def run_metrics_row(
         "e2e": req.e2e[sample],
         "normalised": req.normalised[sample],
     }
+
+
+def latency_percentiles(values: Mapping[str, npt.NDArray[np.float64]]) -> dict[str, float]:
+    """`{metric}_p{q}_s` for every named metric and percentile (NaN for an empty sample)."""
+    return {
+        f"{name}_p{q}_s": stats.percentile(values[name], q)
+        for name in LATENCY_METRICS
+        for q in PERCENTILES
+    }
+
+
+def run_metrics_row(
+    req: RequestMetrics, slo: RequestSlo, *, exclude_first_graph: bool = True
+) -> dict[str, float | int]:
+    """One run's named metrics: percentiles of each latency metric over the measured sample
+    (reduce.run_metrics' rule), X, goodput and SLO attainment."""
+    sample = latency_sample(req, exclude_first_graph=exclude_first_graph)
     x = run_metrics(req, exclude_first_graph=exclude_first_graph).throughput
     good = goodput(req, slo)
     row: dict[str, float | int] = {"n_sample": int(np.count_nonzero(sample))}
-    for name in LATENCY_METRICS:
-        for q in PERCENTILES:
-            row[f"{name}_p{q}_s"] = stats.percentile(values[name], q)
+    row.update(latency_percentiles(latency_values(req, sample)))
     row.update(throughput_rps=x, goodput_rps=good, slo_attainment=good / x if x > 0 else NAN)
     return row
 
 
-def _cell(value: object) -> str:
+def csv_cell(value: object) -> str:
     if isinstance(value, float):
         return "" if not np.isfinite(value) else f"{value:.6g}"
     return str(value)
@@ -180,7 +195,7 @@ def write_run_metrics(
         raise ValueError(f"{out_csv}: no measured run among {len(run_dirs)} run directories")
     rows.sort(key=lambda r: str(r["run_id"]))
     header = list(rows[0])
-    lines = [",".join(header)] + [",".join(_cell(r[h]) for h in header) for r in rows]
+    lines = [",".join(header)] + [",".join(csv_cell(r[h]) for h in header) for r in rows]
     write_text(out_csv, "\n".join(lines) + "\n")
     sidecar = {
         "format": "servelab-run-metrics/1",

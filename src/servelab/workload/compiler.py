@@ -52,6 +52,7 @@ __all__ = [
     "compile_from_config",
     "compile_trace",
     "compile_trace_files",
+    "write_validated_trace",
 ]
 
 _REP = re.compile(r"rep[1-9][0-9]*\Z")
@@ -277,6 +278,23 @@ def compile_trace_files(
         workload=workload,
         tokenizer=tokenizer,
     )
+    return write_validated_trace(
+        table, manifest, trace_path=trace_path, manifest_path=manifest_path
+    )
+
+
+def write_validated_trace(
+    table: pa.Table,
+    manifest: dict[str, Any],
+    *,
+    trace_path: str | os.PathLike[str],
+    manifest_path: str | os.PathLike[str],
+) -> dict[str, Any]:
+    """Write `table` under a temporary name, run the six checks on the bytes written, and only if
+    all pass rename it into place and write `manifest` (with `trace_sha256` and `checks` added).
+
+    Raises TraceValidationError (and writes nothing) if any check fails.
+    """
     with atomic_path(trace_path) as tmp:
         write_parquet(tmp, table, TRACE_SCHEMA)
         manifest["trace_sha256"] = file_sha256(tmp)

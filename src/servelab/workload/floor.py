@@ -1,0 +1,154 @@
+"""The unloaded floor's trace: a shape's requests, one at a time (seed 002, protocol step 2).
+
+Seed 002 measures the floor with `vllm bench serve --max-concurrency 1`: single-stream TTFT and ITL
+on an idle server, the denominator of slowdown-relative SLOs and the check that an absolute SLO is
+reachable at all on the model and GPU. servelab expresses "one request at a time" in the trace
+itself, so every backend (the simulator's runner and the live dispatcher drive the same
+`ReleaseTracker`) runs it without a mode of its own: a **closed-loop chain**. Each request depends
+on the one before it with no tool delay, so it is sent the moment its predecessor's last token
+arrives, and at most one request is ever in flight.
+
+The requests are the first `requests` rows of a campaign-style trace of the shape (σ, L), compiled
+from the floor's own seed (`trace_seed(campaign_seed, floor id, rep)`): the same prompt
+construction (the shape's shared prefix and distinct suffixes) and the same per-role output
+lengths. The chain is one agent graph whose requests keep their ids, roles and `max_tokens`, in
+role order (planners, then workers, then aggregators: the order the trace validator requires inside
+a graph), so the floor trace passes the six checks unchanged and is loaded like any other.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from servelab.artifacts import TRACE_SCHEMA
+from servelab.workload.arrivals import arrival_times
+from servelab.workload.compiler import WorkloadSettings, compile_trace, write_validated_trace
+from servelab.workload.topology import ROLE_ORDER
+from servelab.workload.validate import TokenColumn, measure_sharing
+
+__all__ = ["FLOOR_SOURCE_RATE", "compile_floor_trace_files", "floor_trace"]
+
+# Agent graphs/s of the trace the floor's requests are taken from (its arrivals are discarded).
+FLOOR_SOURCE_RATE = 1.0
+# The source trace is lengthened (doubled) at most this many times until it holds enough requests.
+_MAX_LENGTHENINGS = 12
+
+
+def floor_trace(
+    table: pa.Table, manifest: Mapping[str, Any], *, condition: str, requests: int
+) -> tuple[pa.Table, dict[str, Any]]:
+    """The closed-loop chain of the first `requests` rows of a compiled trace (module docstring):
+    (TRACE_SCHEMA table, manifest without `checks` and `trace_sha256`)."""
+    if requests < 1:
+        raise ValueError(f"floor of {condition}: requests must be at least 1, got {requests}")
+    if table.num_rows < requests:
+        raise ValueError(
+            f"floor of {condition}: the source trace holds {table.num_rows} requests, "
+            f"fewer than the {requests} asked for"
+        )
+    head = table.slice(0, requests)
+    roles = head.column("role").to_pylist()
+    order = sorted(range(requests), key=lambda r: (ROLE_ORDER[roles[r]], r))
+    chain = head.take(pa.array(order, type=pa.int64()))
+    ids = chain.column("request_id").to_pylist()
+    n = chain.num_rows
+    chain = chain.set_column(
+        chain.schema.get_field_index("graph_id"),
+        "graph_id",
+        pa.array(np.zeros(n, dtype=np.int32), type=pa.int32()),
+    )
+    chain = chain.set_column(
+        chain.schema.get_field_index("arrival_s"),
+        "arrival_s",
+        pa.array(np.zeros(n), type=pa.float64()),
+    )
+    chain = chain.set_column(
+        chain.schema.get_field_index("depends_on"),
+        "depends_on",
+        pa.array([[]] + [[ids[r - 1]] for r in range(1, n)], type=pa.list_(pa.string())),
+    )
+    chain = chain.set_column(
+        chain.schema.get_field_index("tool_delay_s"),
+        "tool_delay_s",
+        pa.array(np.zeros(n), type=pa.float64()),
+    )
+    chain = chain.cast(TRACE_SCHEMA)
+    prefix = np.asarray(chain.column("prefix_tokens").to_numpy(), dtype=np.int64)
+    _, sigma = measure_sharing(TokenColumn(chain), prefix)
+    out = dict(manifest)
+    out.update(
+        condition=condition,
+        rate=None,
+        offered_load_rps=None,
+        n_graphs=1,
+        n_requests=n,
+        requests_per_graph=n,
+        achieved_sharing=float(np.mean(sigma)),
+        floor={
+            "protocol": (
+                "closed loop, one request at a time: every request depends on the one before it "
+                "with no tool delay, so it is sent when its predecessor's last token arrives"
+            ),
+            "requests": n,
+            "order": "the source trace's first rows, in role order (planners, workers, aggregators)",
+            "roles": {role: roles.count(role) for role in ROLE_ORDER},
+            "source": {
+                "rate": manifest["rate"],
+                "duration_s": manifest["duration_s"],
+                "n_requests": manifest["n_requests"],
+            },
+        },
+    )
+    out["verification"] = dict(manifest["verification"], prompts_encoded=n)
+    return chain, out
+
+
+def compile_floor_trace_files(
+    *,
+    condition: str,
+    rep: str,
+    seed: int,
+    sharing: float,
+    prompt_tokens: int,
+    requests: int,
+    workload: Mapping[str, Any],
+    tokenizer: str,
+    trace_path: str | os.PathLike[str],
+    manifest_path: str | os.PathLike[str],
+) -> dict[str, Any]:
+    """Compile the floor trace of one shape (module docstring), validate it (the six checks) and
+    write trace.parquet and manifest.json atomically; return the manifest.
+
+    The source trace runs at FLOOR_SOURCE_RATE for a duration that holds `requests` requests on
+    average three times over; a seed whose arrivals fall short doubles it (deterministically).
+    """
+    settings = WorkloadSettings.from_config(workload)
+    per_graph = settings.workers_per_graph + 2
+    duration_s = 3.0 * math.ceil(requests / per_graph) / FLOOR_SOURCE_RATE + 10.0
+    # the compiler's own arrival stream: lengthen until it holds enough graphs, then compile once
+    for _ in range(_MAX_LENGTHENINGS):
+        graphs = arrival_times(seed, FLOOR_SOURCE_RATE, settings.arrival_cv, duration_s).size
+        if graphs * per_graph >= requests:
+            break
+        duration_s *= 2
+    table, manifest = compile_trace(
+        condition=condition,
+        rep=rep,
+        seed=seed,
+        rate=FLOOR_SOURCE_RATE,
+        sharing=sharing,
+        prompt_tokens=prompt_tokens,
+        duration_s=duration_s,
+        workload=workload,
+        tokenizer=tokenizer,
+    )
+    chain, floor_manifest = floor_trace(table, manifest, condition=condition, requests=requests)
+    return write_validated_trace(
+        chain, floor_manifest, trace_path=trace_path, manifest_path=manifest_path
+    )

