@@ -28,7 +28,9 @@ import numpy as np
 
 from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, read_parquet
 from servelab.config import arm_conditions, load_config
+from servelab.settings import PlatformSettings
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration
+from servelab.sim.platform import PlatformModel
 from servelab.sim.run import simulate_config_run
 
 KV_NAMES = {"vllm:gpu_cache_usage_perc", "sglang:token_usage"}
@@ -70,6 +72,8 @@ rate-0.28 vLLM p50 45.5 s and p95 = 1.7 x p50 (§7.1), TPOT 112 ms (§6.2), X = 
 SGLang TPOT = 1.24 x 112 (§6.1); rate-0.40 X from §1 (1.94 vs 1.40), SGLang p50 = geomean(6.2, 29.3, 4.8);
 matched rate-0.12 vLLM p50 = 0.95 x SGLang's (§6.4); matched rate-0.28 vLLM p50 13.9 s (§7.1)."""
 
+MODEL_ONLY = PlatformModel(PlatformSettings(enabled=False))
+
 RATE_SET = [
     (a, e, c)
     for c in ("rate-0.05", "rate-0.12", "rate-0.20", "rate-0.28", "rate-0.40")
@@ -100,6 +104,7 @@ def run_metrics(out: Path) -> dict[str, float]:
     trace = [r for r in reqs if not r["warmup"]]
     meas = [r for r in trace if r["graph_id"] > 0 and r["status"] == "ok"]
     ttft = np.array([r["chunk_times_s"][0] - r["sent_s"] for r in meas])
+    e2e = np.array([r["chunk_times_s"][-1] - r["sent_s"] for r in meas])
     tpot = np.array(
         [
             (r["chunk_times_s"][-1] - r["chunk_times_s"][0]) / (r["output_tokens"] - 1)
@@ -118,6 +123,7 @@ def run_metrics(out: Path) -> dict[str, float]:
         "ttft50": float(np.percentile(ttft, 50)),
         "ttft95": float(np.percentile(ttft, 95)),
         "tpot50": float(np.median(tpot) * 1000),
+        "e2e50": float(np.percentile(e2e, 50)),
         "X": n_ok / window,
         "kv": peak(KV_NAMES),
         "queue": peak(QUEUE_NAMES),
@@ -156,16 +162,21 @@ def simulate(
         trace_dir=traces / cond / rep,
         out_dir=out,
         calibration=cal,
+        # the model alone: a fit must not absorb one draw of the simulated platform
+        platform=MODEL_ONLY,
     )
     wall = time.perf_counter() - t
     return run_metrics(out), rec, wall
 
 
-# Calibration targets on the defaults-arm rate sweep: (engine, condition, metric, study value, weight);
-# engine "sglang/vllm" is the ratio of the two engines' values. TTFT is deliberately not a target:
-# at low load it is dominated by how many workers of a graph arrive together (the tool-call delay
-# distribution, a workload parameter the paper does not give), not by the engine (docs/simulator.md).
+# Calibration targets, defaults arm only, all three sweeps: (engine, condition, metric, study
+# value, weight); engine "sglang/vllm" is the ratio of the two engines' values. The matched arm is
+# never a target (it is the validation). Light-load TTFT is not a target: it is set by how many
+# workers of a graph arrive together (the tool-call delay distribution, a workload parameter the
+# paper does not give), not by the engine (docs/simulator.md). Where TTFT is a target it is
+# queueing-dominated (vLLM near or past its knee) or a ratio of the engines.
 FIT_TARGETS: list[tuple[str, str, str, float, float]] = [
+    # rate sweep (§6.1-6.2, Table 5, §1): decode speed and capacity
     ("vllm", "rate-0.28", "tpot50", 112.0, 2.0),
     ("sglang/vllm", "rate-0.28", "tpot50", 1.24, 2.0),
     ("sglang/vllm", "rate-0.20", "tpot50", 1.12, 1.0),
@@ -174,6 +185,21 @@ FIT_TARGETS: list[tuple[str, str, str, float, float]] = [
     ("sglang", "rate-0.28", "X", 1.66, 2.0),
     ("vllm", "rate-0.40", "X", 1.40, 2.0),
     ("sglang", "rate-0.40", "X", 1.94, 2.0),
+    # SGLang's first (defaults-arm) deployment in Table 4: end-to-end latency pins decode speed
+    ("sglang", "rate-0.12", "e2e50", 13.75, 1.0),
+    ("sglang", "rate-0.28", "e2e50", 21.17, 1.0),
+    ("sglang", "length-8192", "e2e50", 15.50, 1.0),
+    # prompt-length sweep (§7.2, Table 5): vLLM's queue under defaults
+    ("vllm", "length-8192", "ttft50", 63.3, 1.0),
+    ("vllm", "length-2048", "ttft50", 0.27, 0.5),
+    ("vllm", "length-512", "ttft50", 2.07, 0.5),
+    # sharing sweep (§6.5, Figure 9): the gap reverses as sharing grows; KV peaks
+    ("sglang/vllm", "sharing-0.30", "ttft50", 1 / 1.53, 0.5),
+    ("sglang/vllm", "sharing-0.90", "ttft50", 1 / 0.81, 0.5),
+    ("vllm", "sharing-0.00", "kv", 0.89, 0.5),
+    ("sglang", "sharing-0.00", "kv", 0.87, 0.5),
+    ("vllm", "sharing-0.95", "kv", 0.42, 0.5),
+    ("sglang", "sharing-0.95", "kv", 0.27, 0.5),
 ]
 FIT_PARAMS = (
     "gemm_efficiency",
@@ -181,6 +207,7 @@ FIT_PARAMS = (
     "shared_kv_dram_fraction",
     "eager_penalty_per_seq_s",
     "vllm_iteration_overhead_s",
+    "vllm_per_seq_overhead_s",
 )
 
 
@@ -209,8 +236,9 @@ def fit(cfg: dict[str, Any], traces: Path, reps: list[str], max_evals: int) -> C
                         for rep in reps
                     ]
                     got[engine, cond] = {
-                        k: gmean([m[k] for m in ms]) for k in ("tpot50", "X", "ttft50")
+                        k: gmean([m[k] for m in ms]) for k in ("tpot50", "X", "ttft50", "e2e50")
                     }
+                    got[engine, cond]["kv"] = float(np.mean([m["kv"] for m in ms]))
         err = 0.0
         for e, c, k, v, w in FIT_TARGETS:
             sim = got[e, c][k] if "/" not in e else got["sglang", c][k] / got["vllm", c][k]

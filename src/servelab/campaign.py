@@ -228,6 +228,7 @@ def execute_block(
         gpu=settings["gpu"],
         model=settings["model"],
         kubernetes=settings["kubernetes"],
+        sim=settings["sim"],
     )
     resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
     deployment = {k: v for k, v in deployment_id.items() if k not in ("backend", "gpu", "model")}
@@ -280,7 +281,9 @@ def execute_run(
     """One repetition as a block of its own (tests and scripts outside Snakemake): `settings` is
     the whole config-like mapping (backend, gpu, model, arm, engine, condition, rep,
     offered_load_rps and the dispatch, campaign, telemetry, kubernetes sections)."""
-    config = {k: settings.get(k) for k in ("backend", "gpu", "model", "dispatch", "campaign")}
+    config = {
+        k: settings.get(k) for k in ("backend", "gpu", "model", "dispatch", "campaign", "sim")
+    }
     config.update(telemetry=settings.get("telemetry"), kubernetes=settings.get("kubernetes"))
     run = {k: settings[k] for k in ("arm", "engine", "condition", "offered_load_rps")}
     block = BlockPaths(Path(results_dir), run["arm"], run["engine"], run["condition"])
@@ -306,6 +309,7 @@ def _settings(identity: Mapping[str, Any], operational: Mapping[str, Any]) -> di
     keys of each section merged back together."""
     run = identity["run"]
     out: dict[str, Any] = {k: run[k] for k in ("backend", "gpu", "model")}
+    out["sim"] = run.get("sim")  # the simulated platform: identity, and on the sim backend only
     for section in ("dispatch", "campaign", "telemetry", "kubernetes"):
         out[section] = {**dict(operational.get(section, {})), **dict(run.get(section, {}))}
     out["offered_load_rps"] = run["offered_load_rps"]

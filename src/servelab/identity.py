@@ -27,6 +27,7 @@ from servelab.settings import (
     CampaignSettings,
     DispatchSettings,
     KubernetesSettings,
+    SimSettings,
     TelemetrySettings,
 )
 
@@ -149,7 +150,7 @@ def run_identity(config: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str,
     """What defines one run beyond its deployment and trace: which run it is, the offered load,
     the dispatch protocol, the pass mark and the metric window's sampling step. `run` holds arm, engine, condition, rep and
     offered_load_rps."""
-    return {
+    out = {
         "backend": config["backend"],
         "gpu": dict(config["gpu"]),
         "model": dict(config["model"]),
@@ -158,6 +159,11 @@ def run_identity(config: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str,
         "campaign": _section(config, "campaign", IDENTITY),
         "telemetry": _section(config, "telemetry", IDENTITY),
     }
+    if config["backend"] == "sim":
+        # The simulated platform defines a simulated measurement; a real one has its own, so
+        # the key of a run on real hardware does not depend on it.
+        out["sim"] = SimSettings.from_section(config.get("sim")).as_dict()
+    return out
 
 
 def manifest_settings(config: Mapping[str, Any]) -> dict[str, Any]:

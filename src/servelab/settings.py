@@ -1,4 +1,4 @@
-"""Typed settings: the config's `dispatch`, `campaign`, `telemetry` and `kubernetes` sections.
+"""Typed settings: the config's `dispatch`, `campaign`, `telemetry`, `kubernetes` and `sim` sections.
 
 One frozen dataclass per section (and per nested section), built once from the validated
 configuration with `Settings.from_config(config)`, or one section at a time with
@@ -29,10 +29,12 @@ __all__ = [
     "KubernetesSettings",
     "KubernetesTimeouts",
     "ModelVolume",
+    "PlatformSettings",
     "PodMonitorSettings",
     "ReadinessProbe",
     "Settings",
     "SettingsError",
+    "SimSettings",
     "TelemetrySettings",
 ]
 
@@ -278,10 +280,35 @@ class Settings:
         )
 
 
+# --------------------------------------------------------------------------- sim
+
+
+@dataclass(frozen=True)
+class PlatformSettings:
+    """`sim.platform`: the simulated platform's drift and noise (servelab.sim.platform)."""
+
+    enabled: bool = True
+    # sd of ln(drift), drawn once per deployment (docs/simulator.md, "The platform model")
+    deployment_sd: float = 0.012
+    # sd of ln(noise), drawn once per run
+    run_sd: float = 0.010
+
+
+@dataclass(frozen=True)
+class SimSettings(_ConfigSection):
+    """The config's `sim:` section: what only the simulator reads. It defines a simulated
+    measurement, and only on the sim backend (servelab.identity.run_identity)."""
+
+    config_key: ClassVar[str] = "sim"
+
+    platform: PlatformSettings = field(default_factory=PlatformSettings)
+
+
 # The config sections that have a dataclass here, by their config key.
 SECTIONS: dict[str, type[Any]] = {
     "dispatch": DispatchSettings,
     "campaign": CampaignSettings,
     "telemetry": TelemetrySettings,
     "kubernetes": KubernetesSettings,
+    "sim": SimSettings,
 }

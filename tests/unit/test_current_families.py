@@ -186,10 +186,13 @@ def test_simulated_engines_export_every_mapped_series_by_the_releases_names(engi
     assert not exported & stale  # the V0 names are gone in V1
 
 
-def test_sglang_05_vendor_defaults_leave_an_8b_model_no_kv_pool_on_an_l4() -> None:
-    # 0.684 of 22.5 GiB is 15.4 GiB: the 15.0 GiB of bf16 weights and the CUDA context fill it
-    with pytest.raises(ValueError, match=r"mem_fraction_static=0\.684: no memory left for the KV"):
-        build_engine(engine="sglang_v05", flags=SG, gpu_name="L4")
+def test_sglang_05_vendor_defaults_leave_an_8b_model_less_kv_than_one_prompt_on_an_l4() -> None:
+    # 0.684 of the 21.9 GiB free at start is 15.0 GiB: the bf16 weights nearly fill it
+    sim = build_engine(engine="sglang_v05", flags=SG, gpu_name="L4")
+    assert sim.resolved.memory_fraction == pytest.approx(0.684)
+    assert 0 < sim.capacity.tokens < 4097  # smaller than one of the study's prompts
+    with pytest.raises(ValueError, match=r"mem_fraction_static=0\.6: no memory left for the KV"):
+        build_engine(engine="sglang_v05", flags=[*SG, "--mem-fraction-static=0.6"], gpu_name="L4")
 
 
 # ---------------------------------------------------------------------------- refusals

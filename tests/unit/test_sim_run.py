@@ -19,7 +19,7 @@ from servelab.artifacts import (
 )
 from servelab.config import arm_conditions, deployment_for
 from servelab.engines import METRIC_MAP, parse_startup_log
-from servelab.sim.run import sim_deploy, simulate_run_files
+from servelab.sim.run import sim_deploy, sim_platform, simulate_run_files
 from servelab.workload import compile_trace_files
 
 CONDITION, REP = "rate-0.28", "rep1"  # a small stand-in trace under the grid's condition id
@@ -130,7 +130,10 @@ def test_outputs_do_not_depend_on_the_process_hash_seed(
     import subprocess
     import sys
 
-    run(study_config, small_trace, tmp_path / "here", engine="vllm")
+    # the CLI runs the config's platform (sim.platform: on by default); so does this run
+    platform = sim_platform(study_config)
+    assert platform.settings.enabled
+    run(study_config, small_trace, tmp_path / "here", engine="vllm", platform=platform)
     cmd = [sys.executable, "-m", "servelab.cli", "sim", "run", "--config"]
     cmd += [str(repo / "config" / "config.yaml"), "--arm", "defaults", "--engine", "vllm"]
     cmd += ["--condition", CONDITION, "--rep", REP, "--trace", str(small_trace)]

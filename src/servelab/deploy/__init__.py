@@ -28,9 +28,10 @@ def get_backend(
     gpu: Mapping[str, Any],
     model: Mapping[str, Any],
     kubernetes: Mapping[str, Any] | KubernetesSettings | None = None,
+    sim: Mapping[str, Any] | None = None,
 ) -> Backend:
     if name == "sim":
-        return SimBackend(gpu=gpu, model=model)
+        return SimBackend(gpu=gpu, model=model, sim=sim)
     if name == "local":
         return LocalBackend(gpu=gpu, model=model)
     if name == "kubernetes":

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from servelab.deploy.backend import RunRequest
+from servelab.sim.platform import PlatformModel
 from servelab.sim.run import sim_deploy, simulate_run_files
 
 __all__ = ["SIM_STARTUP_TIME", "SimBackend"]
@@ -18,9 +19,17 @@ SIM_STARTUP_TIME = datetime(2025, 1, 1, 0, 0, 0, tzinfo=UTC)
 class SimBackend:
     name = "sim"
 
-    def __init__(self, *, gpu: Mapping[str, Any], model: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        *,
+        gpu: Mapping[str, Any],
+        model: Mapping[str, Any],
+        sim: Mapping[str, Any] | None = None,
+    ) -> None:
         self.gpu = dict(gpu)
         self.model = dict(model)
+        # config `sim`: the simulated platform's drift and noise (servelab.sim.platform)
+        self.platform = PlatformModel.from_config(sim)
 
     def deploy(
         self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
@@ -56,4 +65,5 @@ class SimBackend:
             requests_path=request.requests_path,
             scrape_path=request.scrape_path,
             run_json_path=request.run_json_path,
+            platform=self.platform,
         )

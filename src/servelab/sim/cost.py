@@ -29,18 +29,18 @@ class Calibration:
     """Named calibration constants of the cost model (see docs/simulator.md for the values' provenance)."""
 
     # Fraction of peak dense BF16 throughput reached by the linear layers' GEMMs at large token counts.
-    gemm_efficiency: float = 0.43
+    gemm_efficiency: float = 0.386
     # Fraction of peak reached by prefill attention kernels (FlashAttention / FlashInfer).
     attn_efficiency: float = 0.30
     # Fraction of peak DRAM bandwidth reached when streaming weights and KV cache.
-    bandwidth_efficiency: float = 0.90
+    bandwidth_efficiency: float = 0.895
     # Fraction of the repeated reads of KV shared by several sequences of a decode batch (a common
     # prefix stored once) that miss the L2 cache and go to DRAM; 1 = every sequence streams its own copy.
-    shared_kv_dram_fraction: float = 0.43
+    shared_kv_dram_fraction: float = 0.434
     # vLLM V0: CPU time per iteration not hidden behind the GPU (scheduling, input preparation,
     # sampling, output processing; async output processing hides part of it).
-    vllm_iteration_overhead_s: float = 0.0068
-    vllm_per_seq_overhead_s: float = 0.00006
+    vllm_iteration_overhead_s: float = 0.00881
+    vllm_per_seq_overhead_s: float = 0.000207
     # SGLang 0.4.1 with the overlap scheduler: CPU work of batch N+1 overlaps the GPU work of batch N.
     sglang_iteration_overhead_s: float = 0.0015
     sglang_per_seq_overhead_s: float = 0.00002
@@ -48,7 +48,7 @@ class Calibration:
     # roofline: decode batches above SGLang's cuda_graph_max_bs, vLLM decode with a context above
     # max_seq_len_to_capture, and every prefill or mixed iteration.
     eager_penalty_s: float = 0.006
-    eager_penalty_per_seq_s: float = 0.00008
+    eager_penalty_per_seq_s: float = 0.0000584
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -72,6 +72,7 @@ class CostModel:
         "_lin_flops_tok",
         "_overhead",
         "_overhead_seq",
+        "_slowdown",
         "_t_weights",
         "calibration",
         "engine",
@@ -85,13 +86,19 @@ class CostModel:
         gpu: GpuPreset,
         engine: str,
         calibration: Calibration = DEFAULT_CALIBRATION,
+        slowdown: float = 1.0,
     ) -> None:
+        """`slowdown` multiplies every iteration's duration: the simulated platform's drift and
+        noise (servelab.sim.platform), 1 for the model itself."""
+        if not slowdown > 0:
+            raise ValueError(f"slowdown: must be positive, got {slowdown}")
         product = product_of(engine) if engine in engine_names() else engine
         if product not in ("vllm", "sglang"):
             raise ValueError(f"engine: unknown engine {engine!r}")
         self.model, self.gpu, self.engine, self.calibration = model, gpu, engine, calibration
         c = calibration
         self._c = c
+        self._slowdown = float(slowdown)
         self._gemm_rate = gpu.peak_bf16_flops * c.gemm_efficiency
         self._attn_rate = gpu.peak_bf16_flops * c.attn_efficiency
         self._bw = gpu.mem_bandwidth * c.bandwidth_efficiency
@@ -145,7 +152,7 @@ class CostModel:
         t += self._overhead + seqs * self._overhead_seq
         if not cuda_graph:
             t += self._c.eager_penalty_s + seqs * self._c.eager_penalty_per_seq_s
-        return t
+        return t * self._slowdown
 
     def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """One sequence prefilled alone (a convenience for docs and tests)."""

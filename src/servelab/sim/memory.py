@@ -1,18 +1,24 @@
 """KV-cache capacity each engine derives from GPU memory, weights and an activation reserve.
 
-vLLM 0.6.3 (`worker/worker.py::determine_num_available_blocks`):
+vLLM 0.6.3 (`vllm/worker/worker.py::Worker.determine_num_available_blocks`, L205-254 at 0.6.3.post1):
     num_gpu_blocks = (total · gpu_memory_utilization − peak) // block_bytes
-where `peak` is the memory the worker holds after a profiling forward pass of `max_num_batched_tokens`
-tokens over `max_num_seqs` sequences: weights + activations of that pass + sampler logits. The CUDA context
-is created before the baseline is taken, so it is not part of `peak`.
+    peak = init_gpu_memory − free memory after a profiling forward pass
+where `init_gpu_memory` is the free memory `Worker.init_device` reads (L171) once the CUDA context
+exists, so `peak` is the weights plus what the profiling pass of `max_num_batched_tokens` tokens
+over `max_num_seqs` sequences leaves reserved: activations, sampler logits and workspaces. The
+CUDA context is not part of it.
 
-SGLang 0.4.1 (`model_executor/model_runner.py`):
-    max_total_num_tokens = (avail_after_weights − total · (1 − mem_fraction_static)) // cell_size
-where `avail_after_weights` is the free memory once the CUDA context, the runtime and the weights are
-resident ("Load weight end. avail mem=... GB").
+SGLang 0.4.1 (`sglang/srt/model_executor/model_runner.py::ModelRunner.profile_max_num_token`,
+L466-490):
+    max_total_num_tokens = (avail_after_weights − free_at_start · (1 − mem_fraction_static)) // cell_size
+where `free_at_start` is the free memory `init_torch_distributed` reads (L223, passed on as
+"total_gpu_memory") once the CUDA context exists, and `avail_after_weights` the free memory once
+the weights are resident ("Load weight end. avail mem=... GB").
 
-The activation and runtime terms are estimates (documented in docs/simulator.md), named here so they can
-be checked against a real start-up log's `# GPU blocks:` / `max_total_num_tokens=` lines.
+The terms were fitted to public start-up lines (docs/simulator.md, "Evidence"): the profiling
+pass's per-token activation slope and its fixed part to vLLM's `# GPU blocks` and memory-profiling
+lines for Llama-3-8B on 24 GB GPUs; SGLang's reserve rule to a `max_total_num_tokens` line whose
+arithmetic only closes with the free memory at start.
 """
 
 from __future__ import annotations
@@ -31,18 +37,25 @@ __all__ = [
 
 GIB = 2**30
 # Memory a process holds before loading weights: CUDA context, cuBLAS/NCCL workspaces, torch runtime.
+# An estimate: no public log gives it on an L4 under Linux (docs/simulator.md, "Evidence").
 CUDA_CONTEXT_GIB = 0.55
-# Non-activation allocations during vLLM's profiling pass (cuBLAS workspace, sampler temporaries).
-PROFILE_MISC_GIB = 0.20
+# What vLLM's profiling pass leaves reserved besides its activations and sampler logits (cuBLAS
+# workspace, the allocator's rounding): fitted to vLLM 0.4.1's `# GPU blocks: 2358` for
+# Meta-Llama-3-8B-Instruct on an RTX 3090 at gpu_memory_utilization 0.9 and an 8192-token profile
+# (docs/simulator.md, "Evidence", row V1).
+PROFILE_MISC_GIB = 0.72
 
 
 def _activation_bytes(model: ModelPreset, tokens: int) -> float:
     """Peak activation memory of one forward pass over `tokens` tokens.
 
-    Dominated by the gated MLP: gate and up projections (2 × intermediate) plus their product, and a
-    few hidden-sized buffers (residual, normed input, attention output, QKV), all in the model dtype.
+    The gated MLP's gate and up projections (2 × intermediate) and a few hidden-sized buffers
+    (residual, normed input, attention output, QKV), in the model dtype: 104 KiB per token for
+    Llama-3-8B, the slope of vLLM's published profiling lines on an RTX 3090 (2.07 → 2.99 GiB of
+    activation peak from 20,000 to 29,000 tokens: 107 KiB per token; docs/simulator.md,
+    "Evidence", rows V2-V3).
     """
-    per_token = (3 * model.intermediate_size + 6 * model.hidden_size) * model.dtype_bytes
+    per_token = (2 * model.intermediate_size + 6 * model.hidden_size) * model.dtype_bytes
     return float(tokens * per_token)
 
 
@@ -114,8 +127,9 @@ def sglang_kv_capacity(
     gpu_memory_mib: int | None = None,
 ) -> KvCapacity:
     total = (gpu_memory_mib or gpu.memory_mib) * 2**20
-    avail_after_weights = total - CUDA_CONTEXT_GIB * GIB - model.weight_bytes
-    rest = total * (1 - mem_fraction_static)
+    free_at_start = total - CUDA_CONTEXT_GIB * GIB
+    avail_after_weights = free_at_start - model.weight_bytes
+    rest = free_at_start * (1 - mem_fraction_static)
     tokens = int((avail_after_weights - rest) // model.kv_bytes_per_token)
     if tokens <= 0:
         raise ValueError(

@@ -33,11 +33,13 @@ from servelab.artifacts import (
 from servelab.config import conditions, deployment_for, offered_load
 from servelab.engines import ResolvedConfig, render_startup_log, resolve
 from servelab.runrecord import build_run_record
+from servelab.settings import PlatformSettings
 from servelab.sim.base import EngineModel
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration, CostModel
 from servelab.sim.memory import KvCapacity
 from servelab.sim.models import build_model, engine_params, simulated_engine
 from servelab.sim.params import EngineParams
+from servelab.sim.platform import PlatformModel
 from servelab.sim.presets import GpuPreset, ModelPreset, gpu_preset, model_preset
 from servelab.sim.runner import RunOutcome, WarmupRequest, run_trace
 from servelab.workload.loader import load_trace
@@ -90,6 +92,7 @@ def build_engine(
     model_preset_name: str = "llama-3.1-8b",
     calibration: Calibration = DEFAULT_CALIBRATION,
     track_emitted: bool = True,
+    slowdown: float = 1.0,
 ) -> SimEngine:
     """Resolve `flags` by `engine`'s rules and build its model (also used by a real-time server)."""
     gpu = gpu_preset(gpu_name)
@@ -104,7 +107,7 @@ def build_engine(
     )
     cap = kv_capacity(resolved, preset, gpu, mem)
     params = engine_params(resolved, kv_capacity_tokens=cap.tokens)
-    cost = CostModel(preset, gpu, engine, calibration)
+    cost = CostModel(preset, gpu, engine, calibration, slowdown=slowdown)
     model = build_model(params, preset, cost, track_emitted=track_emitted)
     return SimEngine(resolved, cap, params, model, preset, gpu)
 
@@ -281,8 +284,15 @@ def simulate_run_files(
     scrape_path: str | os.PathLike[str],
     run_json_path: str | os.PathLike[str],
     calibration: Calibration = DEFAULT_CALIBRATION,
+    platform: PlatformModel | None = None,
 ) -> dict[str, Any]:
-    """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record."""
+    """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record.
+
+    `platform` slows or speeds every iteration by the deployment's drift and the run's noise
+    (servelab.sim.platform), recorded in run.json's `sim.platform`; None runs the model alone
+    (the sim backend always passes the config's, which is on by default)."""
+    if platform is None:
+        platform = PlatformModel(PlatformSettings(enabled=False))
     if stream_interval < 1:
         raise ValueError(f"stream_interval: must be >= 1, got {stream_interval}")
     if telemetry_step_s <= 0:
@@ -306,6 +316,7 @@ def simulate_run_files(
         model_preset_name=model_preset,
         calibration=calibration,
         track_emitted=False,
+        slowdown=platform.slowdown(deployment_id, condition, rep),
     )
     prompts = {rid: p.token_ids for rid, p in trace.prompts.items()}
     first_tokens = {int(ids[0]) for ids in prompts.values() if ids.shape[0]}
@@ -335,6 +346,11 @@ def simulate_run_files(
             "iterations": outcome.iterations,
             "virtual_duration_s": outcome.end_s,
             "calibration": calibration.to_dict(),
+            "platform": {
+                **platform.to_dict(),
+                "drift": platform.drift(deployment_id),
+                "noise": platform.noise(deployment_id, condition, rep),
+            },
             "faults": [dict(f) for f in faults],
             "engine_crashed": outcome.crashed,
             "preemptions": int(getattr(sim.model, "num_preemptions", 0)),
@@ -383,9 +399,11 @@ def simulate_config_run(
     attempt: int = 1,
     faults: Sequence[Mapping[str, Any]] = (),
     calibration: Calibration = DEFAULT_CALIBRATION,
+    platform: PlatformModel | None = None,
 ) -> dict[str, Any]:
     """`simulate_run_files` for one run of a validated servelab config, outside Snakemake
-    (the `servelab sim run` command and the benchmarks)."""
+    (the `servelab sim run` command and the benchmarks); the platform model is the config's
+    `sim.platform` unless `platform` is given."""
     deployment = deployment_for(config, arm, engine, condition)
     trace, out = Path(trace_dir), Path(out_dir)
     return simulate_run_files(
@@ -414,4 +432,10 @@ def simulate_config_run(
         scrape_path=out / "scrape.parquet",
         run_json_path=out / "run.json",
         calibration=calibration,
+        platform=platform or sim_platform(config),
     )
+
+
+def sim_platform(config: Mapping[str, Any]) -> PlatformModel:
+    """The platform model of a config (`sim.platform`; defaults when absent)."""
+    return PlatformModel.from_config(config.get("sim"))
