@@ -211,12 +211,24 @@ FIT_PARAMS = (
 )
 
 
+# Where the fit starts: the constants before the 2026-12-01 recalibration (docs/simulator.md), so
+# `--fit 70 --reps rep1` retraces that fit's evaluations and ends at today's constants.
+FIT_START = {
+    "gemm_efficiency": 0.43,
+    "bandwidth_efficiency": 0.90,
+    "shared_kv_dram_fraction": 0.43,
+    "eager_penalty_per_seq_s": 0.00008,
+    "vllm_iteration_overhead_s": 0.0068,
+    "vllm_per_seq_overhead_s": 0.00006,
+}
+
+
 def fit(cfg: dict[str, Any], traces: Path, reps: list[str], max_evals: int) -> Calibration:
     """Nelder-Mead on FIT_PARAMS (log space) against FIT_TARGETS; prints every evaluation."""
     from scipy.optimize import minimize
 
     base = DEFAULT_CALIBRATION
-    x0 = np.log([getattr(base, p) for p in FIT_PARAMS])
+    x0 = np.log([FIT_START[p] for p in FIT_PARAMS])
     conds = sorted({t[1] for t in FIT_TARGETS})
 
     def objective(x: np.ndarray) -> float:

