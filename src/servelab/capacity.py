@@ -322,9 +322,9 @@ def read_state(path: str | Path) -> dict[str, Any]:
 
 
 def write_capacity(
-    paths: Sequence[str | Path], out_csv: str | Path, settings: CapacitySettings
+    states: Sequence[Mapping[str, Any]], out_csv: str | Path, settings: CapacitySettings
 ) -> None:
-    write_text(out_csv, capacity_csv([read_state(p) for p in paths], settings))
+    write_text(out_csv, capacity_csv(states, settings))
 
 
 def search_identity(config: Mapping[str, Any], search: Search) -> dict[str, Any]:

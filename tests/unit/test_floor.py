@@ -7,14 +7,13 @@ import itertools
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
 
 from servelab.analysis.floor import max_in_flight, write_floor
 from servelab.analysis.reduce import reduce_requests
-from servelab.artifacts import REQUESTS_SCHEMA, TRACE_SCHEMA, read_parquet, write_json
+from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, write_json
 from servelab.config import FloorShape, floor_blocks, floor_settings, load_config
 from servelab.dispatch import dispatch_run_files
 from servelab.sim.run import simulate_run_files
@@ -348,9 +347,3 @@ def test_floor_ids_round_trip_and_a_bad_one_is_named() -> None:
     assert FloorShape.from_id(shape.id) == shape
     with pytest.raises(ValueError, match=r"'rate-0\.28' is not a floor id"):
         FloorShape.from_id("rate-0.28")
-
-
-def test_floor_trace_columns_follow_the_trace_schema(floor_dir: Path) -> None:
-    table = read_parquet(floor_dir / "trace.parquet", TRACE_SCHEMA)
-    assert table.schema.equals(TRACE_SCHEMA)
-    assert np.all(table.column("graph_id").to_numpy() == 0)

@@ -460,7 +460,8 @@ def floor_priority(wildcards):
 
 def floor_block_identity(wildcards):
     """What defines the floor's measurements: the deployment, the run settings that are identity
-    (no offered load: the floor is a closed loop), its repetitions and the floor's size."""
+    (no offered load: the floor is a closed loop) and its repetitions; the floor's size is in its
+    trace, whose SHA-256 is in the sealed measurement's key."""
     block = floor_block(wildcards)
     run = {
         "arm": wildcards.arm,

@@ -5,6 +5,6 @@ from servelab.capacity_figure import draw_capacity
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
-    states = list(snakemake.input.states)
+    states = [read_state(path) for path in snakemake.input.states]
     write_capacity(states, snakemake.output.csv, CapacitySettings.from_config(snakemake.config))
-    draw_capacity([read_state(p) for p in states], snakemake.output.figure)
+    draw_capacity(states, snakemake.output.figure)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from servelab.analysis.reduce import RequestMetrics, latency_sample, reduce_requests
 from servelab.analysis.slo import (
+    LATENCY_METRICS,
     METRIC_DEFINITIONS,
     PERCENTILES,
     csv_cell,
@@ -100,7 +101,7 @@ def write_floor(run_dirs: Sequence[str | Path], out_csv: str | Path) -> Path:
             "closed loop, one request at a time (every request sent when the one before it has "
             "finished), after the run protocol's warm-up; repetitions pooled"
         ),
-        "definitions": {k: METRIC_DEFINITIONS[k] for k in METRIC_DEFINITIONS if "put" not in k},
+        "definitions": {k: METRIC_DEFINITIONS[k] for k in LATENCY_METRICS},
         "max_in_flight": "the most trace requests in flight at once, from send to last chunk",
         "percentiles": list(PERCENTILES),
     }

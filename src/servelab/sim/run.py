@@ -308,6 +308,7 @@ def simulate_run_files(
             raise ValueError(
                 f"{manifest_path}: {key} is {trace.manifest[key]!r}, but the run is for {want!r}"
             )
+    drift, noise = platform.drift(deployment_id), platform.noise(deployment_id, condition, rep)
     sim = build_engine(
         engine=engine,
         flags=flags,
@@ -316,7 +317,7 @@ def simulate_run_files(
         model_preset_name=model_preset,
         calibration=calibration,
         track_emitted=False,
-        slowdown=platform.slowdown(deployment_id, condition, rep),
+        slowdown=drift * noise,
     )
     prompts = {rid: p.token_ids for rid, p in trace.prompts.items()}
     first_tokens = {int(ids[0]) for ids in prompts.values() if ids.shape[0]}
@@ -348,8 +349,8 @@ def simulate_run_files(
             "calibration": calibration.to_dict(),
             "platform": {
                 **platform.to_dict(),
-                "drift": platform.drift(deployment_id),
-                "noise": platform.noise(deployment_id, condition, rep),
+                "drift": drift,
+                "noise": noise,
             },
             "faults": [dict(f) for f in faults],
             "engine_crashed": outcome.crashed,
