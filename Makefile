@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test lint format all clean-results llama-server llamacpp verify
+.PHONY: table5 test test-fast lint format all clean-results llama-server llamacpp verify
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -28,8 +28,15 @@ llamacpp: llama-server
 	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/llamacpp.yaml
 	$(BIN)/servelab table show results/table5.csv
 
+# The whole suite, on two parallel workers (tests/conftest.py gives each folder its tier and starts
+# the slowest first); the 25 slowest steps are printed at the end.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=25 tests
+
+# The unit tier only: no llama-server, Prometheus or engine, no Snakemake run (about a minute).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m unit tests
 
 # What CI checks before the tests: lint and formatting of the Python code, then of the workflow.
 LINT_PATHS := src tests workflow benchmarks

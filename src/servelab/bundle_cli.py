@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servelab.config import add_config_arguments
+
 __all__ = ["register"]
 
 
@@ -23,9 +25,7 @@ def register(subparsers: Any) -> None:
         ),
     )
     p.add_argument("--results", type=Path, required=True, help="results directory, e.g. results")
-    p.add_argument(
-        "--config", type=Path, required=True, help="the campaign's (merged) YAML configuration"
-    )
+    add_config_arguments(p)  # the campaign's configuration, merged as the workflow merged it
     p.add_argument("--out", type=Path, required=True, help="the bundle to write (FILE.tar.gz)")
     p.set_defaults(func=_bundle)
 
@@ -52,7 +52,7 @@ def _bundle(args: argparse.Namespace) -> int:
     from servelab.bundle import write_bundle
     from servelab.config import load_config
 
-    out = write_bundle(args.results, load_config(args.config), args.out)
+    out = write_bundle(args.results, load_config(args.config, args.configfile), args.out)
     print(f"bundle written: {out} ({out.stat().st_size} bytes)")
     return 0
 

@@ -232,7 +232,7 @@ def execute_block(
     )
     resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
     deployment = {k: v for k, v in deployment_id.items() if k not in ("backend", "gpu", "model")}
-    campaign = _Campaign(impl, settings, typed, deployment, resolved)
+    campaign = _Campaign(impl, settings, typed, deployment, resolved, Path(resolved_path).parent)
     items = [
         _BlockItem(block.run(rep), trace, manifest, _key(run, rep, deployment_id, trace, resolved))
         for rep, trace, manifest in zip(reps, traces, manifests, strict=True)
@@ -406,6 +406,7 @@ class _Campaign:
     typed: Settings
     deployment: Mapping[str, Any]
     resolved: Mapping[str, Any]
+    deployment_dir: Path
 
     def measure_block(
         self, items: Sequence[_BlockItem], faults: Sequence[Mapping[str, Any]]
@@ -501,6 +502,7 @@ class _Campaign:
             requests_path=str(out / "requests.parquet"),
             scrape_path=str(out / "scrape.parquet"),
             run_json_path=str(out / "run.json"),
+            deployment_dir=str(self.deployment_dir),
         )
         log.info("run %s: attempt %d on backend %s", paths.run_id, attempt, self.impl.name)
         try:

@@ -13,17 +13,17 @@ from servelab.campaign_status import (
     campaign_status,
     format_plan,
     format_status,
-    merged_config,
     plan_campaign,
     redo_runs,
     status_csv,
 )
+from servelab.config import add_config_arguments, load_config
 
 __all__ = ["register"]
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
-    return merged_config(args.config, args.configfile)
+    return load_config(args.config, args.configfile)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -47,20 +47,7 @@ def _redo(args: argparse.Namespace) -> int:
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        default="config/config.yaml",
-        metavar="FILE",
-        help="the base configuration (default: config/config.yaml)",
-    )
-    parser.add_argument(
-        "--configfile",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="FILE",
-        help="configuration files merged over it in order, as snakemake --configfile does",
-    )
+    add_config_arguments(parser)
     parser.add_argument("--results", default="results", help="results folder (default: results)")
 
 

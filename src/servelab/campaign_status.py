@@ -28,8 +28,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from snakemake.utils import update_config
-
 from servelab.artifacts import (
     ATTEMPTS_DIR,
     MEASURED_DIR,
@@ -49,10 +47,8 @@ from servelab.config import (
     deployment_for,
     floor_blocks,
     floor_settings,
-    read_config_file,
     reps,
     runs,
-    validate_config,
 )
 from servelab.settings import CampaignSettings, DispatchSettings, KubernetesSettings
 
@@ -68,7 +64,6 @@ __all__ = [
     "campaign_status",
     "format_plan",
     "format_status",
-    "merged_config",
     "paired_conditions",
     "plan_campaign",
     "redo_runs",
@@ -77,18 +72,6 @@ __all__ = [
     "target_runs",
     "write_status_csv",
 ]
-
-# ----------------------------------------------------------------------------- configuration
-
-
-def merged_config(config: str | Path, configfiles: Sequence[str | Path] = ()) -> dict[str, Any]:
-    """The validated configuration Snakemake would use for `--configfile FILES` over `config`."""
-    merged = read_config_file(config)
-    for path in configfiles:
-        update_config(merged, read_config_file(path))  # Snakemake's own --configfile merge
-    validate_config(merged)
-    return merged
-
 
 # ----------------------------------------------------------------------------- targets
 

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servelab.analysis.reduce import reduce_requests, run_metrics
-from servelab.analysis.slo import RequestSlo, run_metrics_row
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
 from servelab.config import Condition, ConfigError, deployment_for, deployment_record
 from servelab.identity import deployment_identity, run_identity
@@ -199,6 +197,10 @@ def evaluate_probe(
     Keeping pace is judged against the trace's own offered load, its requests ÷ `duration_s`, not
     the nominal 6λ: a 600 s trace at 0.05 graphs/s holds about 30 graphs, and its realised count
     varies by tens of percent from seed to seed (docs/capacity.md)."""
+    # the analysis (and scipy) only where a probe is judged, not when the Snakefile is parsed
+    from servelab.analysis.reduce import reduce_requests
+    from servelab.analysis.slo import RequestSlo, run_metrics_row
+
     reps = []
     for run_dir in run_dirs:
         record = read_run_json(Path(run_dir) / "run.json")
@@ -230,6 +232,8 @@ def evaluate_probe(
 
 def saturation_bracket(run_dirs: Sequence[str | Path], requests_per_graph: int) -> list[float]:
     """[0.25, 1.25] × the completed graphs/s of a saturation probe (its repetitions' median)."""
+    from servelab.analysis.reduce import reduce_requests, run_metrics
+
     rates = []
     for run_dir in run_dirs:
         table = read_parquet(Path(run_dir) / "requests.parquet", REQUESTS_SCHEMA)

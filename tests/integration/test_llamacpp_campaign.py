@@ -23,25 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from servelab.deploy.llama_server import llama_server_binary
-from servelab.deploy.local import _alive, _read_state, _server_marker, prometheus_binary
+from servelab.deploy.local import _alive, _read_state, _server_marker
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CONDITION = "rate-0.50"
 REPS = ("rep1", "rep2")
 
-pytestmark = [
-    pytest.mark.llamacpp,
-    pytest.mark.prometheus,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        llama_server_binary() is None, reason="llama-server is not built (make llama-server)"
-    ),
-    pytest.mark.skipif(
-        prometheus_binary() is None, reason="the prometheus binary is not installed"
-    ),
-]
+pytestmark = pytest.mark.usefixtures("llama_server_program", "prometheus_program")
 
 
 def _snakemake(cwd: Path, *configfiles: str, target: str = "results/table5.csv"):

@@ -19,19 +19,10 @@ from snakemake.utils import update_config
 from servelab import campaign
 from servelab import config as grid
 from servelab.artifacts import read_run_json
-from servelab.deploy.llama_server import llama_server_binary
-from servelab.deploy.local import LocalBackend, LocalError, prometheus_binary, stop_all
+from servelab.deploy.local import LocalBackend, LocalError, stop_all
 from servelab.workload import compile_trace_files
 
-pytestmark = [
-    pytest.mark.llamacpp,
-    pytest.mark.prometheus,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        llama_server_binary() is None, reason="llama-server is not built (make llama-server)"
-    ),
-    pytest.mark.skipif(prometheus_binary() is None, reason="prometheus is not installed"),
-]
+pytestmark = pytest.mark.usefixtures("llama_server_program", "prometheus_program")
 
 REPO = Path(__file__).resolve().parents[2]
 CONDITION = "rate-0.50"

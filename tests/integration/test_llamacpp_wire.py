@@ -54,10 +54,7 @@ from servelab.workload.release import TraceRequest
 BINARY = llama_server_binary()
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "llamacpp-sse-01.txt"
 
-pytestmark = [
-    pytest.mark.llamacpp,
-    pytest.mark.skipif(BINARY is None, reason="llama-server is not built (make llama-server)"),
-]
+pytestmark = pytest.mark.usefixtures("llama_server_program")
 
 MODEL = "servelab-tiny"
 # 4 slots of 2,048 tokens: a 257-token prompt and 1,500 output tokens fit one slot.

@@ -22,21 +22,13 @@ from servelab import config as grid
 from servelab.analysis import load_runs
 from servelab.artifacts import read_parquet, read_run_json
 from servelab.deploy import RunRequest
-from servelab.deploy.local import LocalBackend, _alive, _read_state, prometheus_binary, stop_all
+from servelab.deploy.local import LocalBackend, _alive, _read_state, stop_all
 from servelab.engines.metrics import canonical_metrics
 from servelab.settings import DispatchSettings, TelemetrySettings
 from servelab.telemetry import canonicalize_files
 from servelab.workload import compile_trace_files
 
-pytestmark = [
-    pytest.mark.prometheus,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        prometheus_binary() is None,
-        reason="the prometheus binary is not installed (apt-get install -y prometheus; "
-        ".ci/run installs it)",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("prometheus_program")
 
 REPO = Path(__file__).resolve().parents[2]
 CONDITION = "rate-0.50"
@@ -222,6 +214,7 @@ def run_request(root: Path, study: dict, engine: str, rep: str, faults: list[dic
         requests_path=str(run_dir / "requests.parquet"),
         scrape_path=str(run_dir / "scrape.parquet"),
         run_json_path=str(run_dir / "run.json"),
+        deployment_dir=str(root / "deployments" / dep["deployment_id"]),
         faults=faults,
     )
 

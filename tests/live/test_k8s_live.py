@@ -12,7 +12,6 @@ from servelab.config import deployment_for, runs
 from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_deployment, resolve_settings, write_rendered
 
-pytestmark = pytest.mark.live
 REPO = Path(__file__).resolve().parents[2]
 
 

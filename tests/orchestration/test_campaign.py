@@ -9,7 +9,6 @@ import signal
 import time
 
 import pyarrow.parquet as pq
-import pytest
 
 VLLM1 = "defaults/vllm/rate-0.28/rep1"
 VLLM2 = "defaults/vllm/rate-0.28/rep2"
@@ -137,7 +136,6 @@ def test_reclamation_discards_and_repeats_the_block_touching_nothing_else(workdi
     assert len(sorted(p for p in discarded.iterdir() if p.is_dir())) == 1
 
 
-@pytest.mark.slow
 def test_sigkill_mid_campaign_resumes_with_nothing_lost_or_redone(workdir):
     targets = [target(r) for r in (VLLM1, VLLM2, SGLANG1, "defaults/sglang/rate-0.28/rep2")]
     proc = workdir.popen(*targets)

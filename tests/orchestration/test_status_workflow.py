@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 BIN = Path(sys.executable).parent
 VLLM = "defaults/vllm/rate-0.28"
 SGLANG = "defaults/sglang/rate-0.28"

@@ -12,18 +12,15 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, Workdir, tiny_config
+from campaigns import Workdir
 
 MEASURING = ("deploy", "run", "telemetry")
 
 
 @pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory) -> Workdir:
-    study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    work = Workdir(tmp_path_factory.mktemp("identity"), tiny_config(study))
-    done = work.snakemake("results/table5.csv", timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return work
+def campaign(tmp_path_factory: pytest.TempPathFactory, tiny_campaign: Workdir) -> Workdir:
+    """A copy of the session's completed tiny campaign (the dry runs write config files)."""
+    return tiny_campaign.copy_to(tmp_path_factory.mktemp("identity"))
 
 
 def planned(work: Workdir, config: dict[str, Any]) -> dict[str, int]:
@@ -77,7 +74,6 @@ OPERATIONAL = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(OPERATIONAL))
 def test_an_operational_setting_re_measures_nothing(campaign: Workdir, key: str) -> None:
     jobs = planned(campaign, changed(campaign, OPERATIONAL[key]))
@@ -130,7 +126,6 @@ IDENTITY = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(IDENTITY))
 def test_an_identity_setting_re_measures_exactly_its_runs(campaign: Workdir, key: str) -> None:
     edit, expected = IDENTITY[key]

@@ -19,7 +19,6 @@ from servelab.analysis import (
     build_analysis,
     pipeline,
     record_checksums,
-    verify,
     verify_against_checksums,
 )
 from servelab.analysis.figures import draw_figure14
@@ -29,6 +28,7 @@ from servelab.analysis.synthetic import (
     write_simple_run,
     write_synthetic_grid,
 )
+from servelab.analysis.verify import verify
 from servelab.artifacts import ArtifactError
 from servelab.cli import main as servelab_main
 from servelab.config import load_config
@@ -83,7 +83,6 @@ def test_outputs_are_the_documented_set(analysed: Path) -> None:
     assert "run logs: 99 found, 98 parsed, 1 skipped" in notes
 
 
-@pytest.mark.slow
 def test_two_analyses_are_byte_identical_and_verify(
     grid: dict, analysed: Path, tmp_path: Path
 ) -> None:
@@ -213,7 +212,6 @@ def test_fluid_model_eligibility_and_prediction(tmp_path: Path) -> None:
         _ = build_analysis(dirs, manifests=[bad, *manifests[1:]]).fluid_runs
 
 
-@pytest.mark.slow
 def test_cli_analyze_records_and_verifies(grid: dict, tmp_path: Path, capsys) -> None:
     runs_root = str(grid["root"] / "runs")
     out = tmp_path / "out"

@@ -25,7 +25,7 @@ from servelab.bundle import (
     write_bundle,
 )
 from servelab.cli import main
-from servelab.config import deployment_for, load_config, read_config_file, runs
+from servelab.config import deployment_for, load_config, runs
 
 REPO = Path(__file__).resolve().parents[2]
 FAILED_RUN = "matched/sglang/rate-0.12/rep2"
@@ -33,9 +33,7 @@ REQUESTS = f"{BUNDLE_ROOT}/runs/defaults/vllm/rate-0.28/rep1/requests.parquet"
 
 
 def _config() -> dict:
-    return load_config(
-        REPO / "config" / "config.yaml", read_config_file(REPO / "config" / "test.yaml")
-    )
+    return load_config(REPO / "config" / "config.yaml", [REPO / "config" / "test.yaml"])
 
 
 @pytest.fixture(scope="module")

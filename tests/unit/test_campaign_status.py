@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,6 @@ from servelab.campaign_status import (
     RedoError,
     campaign_status,
     format_plan,
-    merged_config,
     paired_conditions,
     plan_campaign,
     redo_runs,
@@ -31,7 +32,7 @@ from servelab.campaign_status import (
     target_runs,
 )
 from servelab.cli import main
-from servelab.config import Run, validate_config
+from servelab.config import Run, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "config" / "config.yaml"
@@ -100,8 +101,47 @@ def test_configfiles_merge_as_snakemake_merges_them(study: dict[str, Any]) -> No
     expected = copy.deepcopy(study)
     update_config(expected, yaml.safe_load(TEST_GRID.read_text()))
     update_config(expected, yaml.safe_load(KUBE_EXAMPLE.read_text()))
-    assert merged_config(STUDY, [TEST_GRID, KUBE_EXAMPLE]) == expected
-    assert merged_config(STUDY) == study
+    assert load_config(STUDY, [TEST_GRID, KUBE_EXAMPLE]) == expected
+    assert load_config(STUDY) == study
+
+
+@pytest.mark.parametrize(
+    ("overlays", "engines"),
+    [
+        (["llamacpp.yaml"], {"llamacpp"}),
+        (["current.yaml"], {"vllm_v1", "sglang_v05"}),
+        (["current.yaml", "current-h100.yaml"], {"vllm_v1", "sglang_v05"}),
+    ],
+)
+def test_an_engine_an_overlay_sets_to_null_is_removed_as_the_snakefile_removes_it(
+    overlays: list[str], engines: set[str]
+) -> None:
+    """The CLI's merge is the workflow's: `vllm: null` removes the study's engine everywhere (it
+    stopped every `servelab campaign` command on these configs: 'None is not of type object')."""
+    config = load_config(STUDY, [REPO / "config" / name for name in overlays])
+    assert set(config["engines"]) == engines
+    for arm in config["arms"].values():
+        assert set(arm["engines"]) <= engines
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servelab.cli",
+            "campaign",
+            "plan",
+            "--results",
+            "no-results",
+            "--configfile",
+            *[str(REPO / "config" / name) for name in overlays],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert all(engine in out.stdout for engine in {e.replace("_", "-") for e in engines})
 
 
 # ----------------------------------------------------------------------------- targets
@@ -156,7 +196,7 @@ def independent_load_s(config: dict[str, Any]) -> float:
 
 
 def test_plan_of_the_full_grid_on_kubernetes_gives_its_gpu_hours(tmp_path: Path) -> None:
-    config = merged_config(STUDY, [KUBE_EXAMPLE])
+    config = load_config(STUDY, [KUBE_EXAMPLE])
     assert config["backend"] == "kubernetes"
     plan = plan_campaign(config, "all", tmp_path / "results")
     assert plan.runs_to_measure == 99
@@ -221,7 +261,7 @@ def test_plan_cli_prints_the_table_and_the_total(capsys: pytest.CaptureFixture[s
     assert code == 0
     assert "backend kubernetes: 99 of its 99 runs to measure, 5 deployment(s)" in out
     total = next(line for line in out.splitlines() if line.startswith("total"))
-    assert total.split()[1:3] == ["99", f"{independent_load_s(merged_config(STUDY)) / 3600:.2f}"]
+    assert total.split()[1:3] == ["99", f"{independent_load_s(load_config(STUDY)) / 3600:.2f}"]
 
 
 # ----------------------------------------------------------------------------- status

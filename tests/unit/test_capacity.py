@@ -1,5 +1,6 @@
-"""The capacity search (servelab.capacity): the bisection's stopping rule on a known threshold, the
-saturation probe, the worst-case cost, and, on the sim backend with short runs, that the bisection's
+"""The capacity search (servelab.capacity): the bisection's geometric midpoint and stopping rule on a
+known threshold, the saturation probe's bracket and a probe's pass/fail read from run artifacts with
+known metrics, the worst-case cost, and, on the sim backend with short runs, that the bisection's
 bracket agrees with an exhaustive sweep over a fine rate grid on the same seeds."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servelab.analysis.synthetic import RunSpec, write_simple_run
 from servelab.capacity import (
     CapacitySettings,
     Search,
@@ -19,6 +21,7 @@ from servelab.capacity import (
     evaluate_probe,
     next_rate,
     probe_id,
+    saturation_bracket,
     worst_case_cost_s,
 )
 from servelab.capacity_run import deploy_search, measure_probe
@@ -82,6 +85,51 @@ def test_without_a_bracket_a_saturation_probe_comes_first() -> None:
     assert next_rate({"bracket": None, "probes": []}, settings) == ("saturation", 3.0)
 
 
+def test_each_probe_halves_the_bracket_in_log_rate() -> None:
+    """The midpoint is geometric: rates span decades, and relative tolerance is what stops."""
+    settings = CapacitySettings.from_config(_config(tolerance=0.001))
+    state = {"bracket": [0.1, 1.0], "probes": [{"rate": 0.1, "passed": True}]}
+    state["probes"].append({"rate": 1.0, "passed": False})
+    assert next_rate(state, settings) == ("probe", 0.31623)  # sqrt(0.1 * 1.0), not 0.55
+    state["probes"].append({"rate": 0.31623, "passed": False})
+    assert next_rate(state, settings) == ("probe", 0.17783)  # sqrt(0.1 * 0.31623)
+
+
+def _probe_run(run_dir: Path, *, end_s: float, rep: str = "rep1") -> Path:
+    """A run of ten trace requests (TTFT 0.5 s) whose last chunk arrives at `end_s`: X = 10/end_s."""
+    spec = RunSpec("defaults", "sglang", "cap-tiny-r0.1", rep)
+    return write_simple_run(run_dir, spec, [0.5] * 9, end_s=end_s)
+
+
+def test_a_probe_that_falls_behind_its_offered_load_fails(tmp_path: Path) -> None:
+    settings = CapacitySettings.from_config(_config(keeps_pace=0.7, limits={"ttft_p99_s": 2.0}))
+    # ten requests in 1000 s: X = 0.01/s. Offered 10 / duration_s.
+    run = _probe_run(tmp_path / "r", end_s=1000.0)
+    kept = evaluate_probe([run], settings, duration_s=1000.0)  # X = offered
+    behind = evaluate_probe([run], settings, duration_s=500.0)  # X = offered / 2 < 0.7 offered
+    assert kept["passed"] and kept["reps"][0]["keeps_pace"]
+    assert kept["reps"][0]["within_limits"]
+    assert behind["reps"][0]["offered_rps"] == pytest.approx(0.02)
+    assert not behind["reps"][0]["keeps_pace"] and behind["reps"][0]["within_limits"]
+    assert not behind["passed"]
+
+
+def test_a_probe_over_its_latency_limit_fails_though_it_keeps_pace(tmp_path: Path) -> None:
+    settings = CapacitySettings.from_config(_config(keeps_pace=0.7, limits={"ttft_p99_s": 0.4}))
+    result = evaluate_probe([_probe_run(tmp_path / "r", end_s=1000.0)], settings, duration_s=1000.0)
+    assert result["reps"][0]["keeps_pace"] and not result["reps"][0]["within_limits"]
+    assert not result["passed"]
+
+
+def test_the_saturation_probe_brackets_its_median_completed_graph_rate(tmp_path: Path) -> None:
+    runs = [
+        _probe_run(tmp_path / f"r{i}", end_s=end_s, rep=f"rep{i}")
+        for i, end_s in enumerate((100.0, 400.0, 200.0), start=1)
+    ]
+    # X = 0.1, 0.025, 0.05 requests/s; 5 requests per graph: median 0.01 graphs/s
+    assert saturation_bracket(runs, requests_per_graph=5) == [0.0025, 0.0125]
+
+
 def test_probe_ids_name_the_shape_and_rate_and_seed_the_trace() -> None:
     shape = CapacitySettings.from_config(_config()).shape("tiny")
     assert probe_id(shape, 0.273442) == "cap-tiny-r0.27344"
@@ -115,7 +163,6 @@ def test_capacity_csv_reports_the_bracket_probes_and_load_hours() -> None:
     assert fields["criteria"] == "X>=0.7*offered;ttft_p99_s<=2"
 
 
-@pytest.mark.slow
 def test_bisection_agrees_with_an_exhaustive_sweep_on_the_same_seeds(tmp_path: Path) -> None:
     """Short sim runs (SGLang, σ 0.5, L 1024, 300 s, one seed per rate): a probe at a rate is the
     same measurement whoever asks for it, so the bisection's bracket must agree with the grid.

@@ -78,7 +78,6 @@ def test_a_directory_is_unreadable(capsys, tmp_path):
     assert "cannot read" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # a fresh interpreter imports every subpackage's CLI (seconds)
 def test_the_console_script_runs(tmp_path):
     import subprocess
     import sys

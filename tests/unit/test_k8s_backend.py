@@ -382,6 +382,7 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         requests_path=str(run_dir / "requests.parquet"),
         scrape_path=str(run_dir / "scrape.parquet"),
         run_json_path=str(run_dir / "run.json"),
+        deployment_dir=str(tmp_path / "results/deployments" / spec["deployment_id"]),
         faults=[{"run": "defaults/vllm/rate-0.12/rep1", "kind": "fail"}],
     )
     with running(cluster) as kube:

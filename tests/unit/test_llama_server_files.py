@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
-import pytest
 
 from servelab.deploy.llama_server import file_sha256, server_command
 from servelab.deploy.tiny_gguf import BOS_TOKEN_ID, TinyModelSpec, _vocabulary, write_tiny_model
@@ -43,7 +42,6 @@ def test_config_flags_become_the_two_tokens_llama_server_takes() -> None:
     assert again.count("--metrics") == 1
 
 
-@pytest.mark.slow
 def test_the_tiny_model_is_the_same_bytes_for_the_same_spec(tmp_path: Path) -> None:
     spec = TinyModelSpec(n_layer=1, n_embd=16, n_head=2, n_head_kv=1, n_ff=32, seed=7)
     first = write_tiny_model(tmp_path / "a.gguf", spec)

@@ -3,8 +3,8 @@ the same flags, the log parser against its goldens, the gate, detection, /metric
 
 The fixtures in tests/data/engine-logs/llamacpp-* were captured from the real build by
 tools/capture_llamacpp_logs.py; each log's `# source:` line names the flags it was started with,
-which the mechanism tests resolve and compare with what the log shows. Only the last test needs
-the binary (marker `llamacpp`; skipped without it).
+which the mechanism tests resolve and compare with what the log shows. The flag table against
+the real binary's --help is tests/integration/test_llamacpp_binary.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -310,40 +309,3 @@ def test_resolve_config_reads_a_captured_log(engine_arg: list[str], capsys: Any)
         "family": None,
     }
     assert (out["engine"], out["chunk_size"], out["version"]) == ("llamacpp", 256, "b1-0c1e570")
-
-
-# ------------------------------------------------------------------ the table vs the real binary
-
-
-@pytest.mark.llamacpp
-def test_the_flag_table_matches_the_real_binarys_help() -> None:
-    from servelab.deploy.llama_server import llama_server_binary
-
-    binary = llama_server_binary()
-    if binary is None:
-        pytest.skip("no llama-server binary (make llama-server)")
-    done = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
-    # option spellings (at the start of a help line, comma-separated) -> that option's help text
-    spellings: dict[str, str] = {}
-    current: list[str] = []
-    for line in (done.stdout + done.stderr).splitlines():
-        if line.startswith("-"):
-            current = re.findall(r"(?:^|,\s+)(-[\w-]+)", line)
-            for option in current:
-                spellings[option] = line
-        else:
-            for option in current:
-                spellings[option] += " " + line.strip()
-    for strings, dest, kind, _type, default, *_ in llamacpp.FLAG_TABLE:
-        for option in strings:
-            assert option in spellings, option
-        if kind == "store_boolean":
-            pair = [s for s, (o, _) in llamacpp._BOOL_SPELLINGS.items() if o == strings[0]]
-            block = spellings[strings[0]]
-            assert all(s in block for s in pair), pair
-            if m := re.search(r"default: (enabled|disabled)\)", block):
-                assert default == (m.group(1) == "enabled"), dest
-        elif isinstance(default, int) and not isinstance(default, bool):
-            m = re.search(r"default: (-?\d+)", spellings[strings[0]])
-            if m:
-                assert int(m.group(1)) == default, dest

@@ -126,7 +126,6 @@ def test_load_trace_gives_release_ready_requests_and_prompts(small: Path) -> Non
     assert len(tracker.initial()) == len(graphs)
 
 
-@pytest.mark.slow  # two fresh interpreters each import transformers and load the tokenizer (~4 s)
 def test_compiling_twice_in_separate_processes_is_byte_identical(
     tmp_path: Path, small: Path
 ) -> None:

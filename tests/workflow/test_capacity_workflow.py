@@ -14,14 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 KILL_AFTER_STEP = 2
 WAIT_S = 600
-
-pytestmark = pytest.mark.slow
 
 OVERLAY = """\
 repetitions: 1

@@ -453,7 +453,6 @@ def test_the_docs_show_commands_of_every_kind():
     assert {"snakemake", "servelab", "make"} <= programs, programs
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: f"{c.where} {c.text[:50]}")
 def test_documented_command_runs(command: DocCommand, outcomes: dict[DocCommand, list[Outcome]]):
     failed = [o.detail for o in outcomes[command] if not o.ok]
@@ -542,7 +541,6 @@ def test_extractor_finds_the_commands_of_a_planted_page():
     ]
 
 
-@pytest.mark.slow
 def test_a_planted_bad_command_fails_and_a_good_one_passes(runner: Runner):
     commands, _ = extract_markdown(PLANTED_DOC, "planted.md")
     results = Runner(runner.clean, runner.real).run_all(commands)

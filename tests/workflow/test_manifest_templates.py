@@ -22,8 +22,6 @@ import pytest
 
 from servelab.deploy.manifests import load_rendered
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TARGET = "results/table5.csv"

@@ -6,9 +6,9 @@
 
 rule capacity_deploy:
     output:
-        manifest="results/capacity/{search}/deployment/manifest.yaml",
-        startup_log="results/capacity/{search}/deployment/startup.log",
-        resolved="results/capacity/{search}/deployment/resolved.json",
+        manifest="results/deployments/capacity-{search}/manifest.yaml",
+        startup_log="results/deployments/capacity-{search}/startup.log",
+        resolved="results/deployments/capacity-{search}/resolved.json",
     log:
         "results/logs/capacity/{search}/deploy.log",
     conda:

@@ -14,8 +14,7 @@ import servelab.identity as identity
 from servelab.config import ConfigError
 
 try:
-    grid.drop_removed_engines(config)
-    grid.validate_config(config)
+    grid.prepare_config(config)  # what every servelab command does to the config it merged
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
 

@@ -13,7 +13,7 @@ from servelab.analysis.pipeline import analyze
 from servelab.analysis.restarts import discover_restart_records
 from servelab.analysis.runs import discover_run_dirs
 from servelab.analysis.verify import record_checksums, verify
-from servelab.config import analysis_settings, load_config
+from servelab.config import add_config_arguments, analysis_settings, load_config
 
 __all__ = ["register"]
 
@@ -32,11 +32,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, required=True, help="output directory (e.g. results)")
     p.add_argument("--traces", type=Path, help="trace directory (default: RUNS/../traces)")
     p.add_argument("--restarts", type=Path, help="restart records (default: RUNS/../restarts)")
-    p.add_argument(
-        "--config",
-        type=Path,
-        help="read the analysis settings, the engines and the tables' conditions from it",
-    )
+    # the analysis settings, the engines and the tables' conditions
+    add_config_arguments(p, default=None)
     p.add_argument("--keeps-pace", type=float, help="keeps-pace threshold (default 0.97)")
     p.add_argument(
         "--phi-guard", type=float, help="φ reported when |ln R̄_def| > ln GUARD (default 1.1)"
@@ -59,7 +56,7 @@ def register(subparsers: Any) -> None:
 def _parameters(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {"keeps_pace": 0.97, "phi_guard": 1.1, "exclude_first_graph": True}
     if args.config is not None:
-        params = analysis_settings(load_config(args.config))
+        params = analysis_settings(load_config(args.config, args.configfile))
     if args.keeps_pace is not None:
         params["keeps_pace"] = args.keeps_pace
     if args.phi_guard is not None:

@@ -12,9 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from servelab.deploy.backend import Backend, RunRequest
-from servelab.deploy.kubernetes import KubernetesBackend
-from servelab.deploy.local import LocalBackend
-from servelab.deploy.sim import SimBackend
 from servelab.settings import KubernetesSettings
 
 __all__ = ["BACKENDS", "Backend", "RunRequest", "get_backend"]
@@ -30,10 +27,18 @@ def get_backend(
     kubernetes: Mapping[str, Any] | KubernetesSettings | None = None,
     sim: Mapping[str, Any] | None = None,
 ) -> Backend:
+    # Each backend's module only when it is chosen: the kubernetes client alone takes 0.3 s to
+    # import, and servelab.deploy.manifests (this package) is read at every Snakefile parse.
     if name == "sim":
+        from servelab.deploy.sim import SimBackend
+
         return SimBackend(gpu=gpu, model=model, sim=sim)
     if name == "local":
+        from servelab.deploy.local import LocalBackend
+
         return LocalBackend(gpu=gpu, model=model)
     if name == "kubernetes":
+        from servelab.deploy.kubernetes import KubernetesBackend
+
         return KubernetesBackend.from_settings(kubernetes)
     raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

@@ -31,6 +31,9 @@ class RunRequest:
     requests_path: str
     scrape_path: str
     run_json_path: str
+    # The deployment's folder (its start-up log and resolved.json): where a backend that keeps
+    # state of its own keeps the deployment's (the local backend: the server's pid and log).
+    deployment_dir: str
     faults: list[dict[str, Any]] = field(default_factory=list)
 
     @property

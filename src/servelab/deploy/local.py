@@ -341,32 +341,23 @@ def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = Fals
 
 
 def stop_all(results_dir: str | os.PathLike[str]) -> list[str]:
-    """Stop every server and the Prometheus this backend started under `results_dir`; return what
-    was stopped. `results_dir` may also be the deployments folder itself."""
+    """Stop every server and Prometheus this backend started anywhere under `results_dir` (the
+    results folder, or a deployments folder itself); return what was stopped. Every state file is
+    looked for, wherever it lies, so nothing an earlier layout or an interrupted job left is missed."""
     root = Path(results_dir)
-    deployments = root / "deployments" if (root / "deployments").is_dir() else root
     stopped: list[str] = []
-    for state_path in sorted(deployments.glob("*/local.json")):
+    for state_path in sorted(root.rglob("local.json")):
+        state = _read_state(state_path) or {}
         if stop_deployment(state_path.parent):
-            stopped.append(f"server {state_path.parent.name}")
-        _write_target(deployments, state_path.parent.name, "", None)
-    prom_state = _read_state(deployments / PROMETHEUS_DIR / "prometheus.json")
-    config_path = (deployments / PROMETHEUS_DIR / "prometheus.yml").resolve()
-    if prom_state and _terminate(prom_state.get("pid"), str(config_path)):
-        stopped.append("prometheus")
+            stopped.append(f"server {state_path.parent.name} (pid {state.get('pid')})")
+        if state.get("deployment_id"):
+            _write_target(state_path.parent.parent, str(state["deployment_id"]), "", None)
+    for state_path in sorted(root.rglob(f"{PROMETHEUS_DIR}/prometheus.json")):
+        prom_state = _read_state(state_path)
+        config_path = (state_path.parent / "prometheus.yml").resolve()
+        if prom_state and _terminate(prom_state.get("pid"), str(config_path)):
+            stopped.append(f"prometheus (pid {prom_state['pid']})")
     return stopped
-
-
-def _results_root(run_json_path: str | os.PathLike[str]) -> Path:
-    """The results folder of a run: the parent of the nearest `runs` folder above its run.json
-    (results/runs/{arm}/{engine}/{condition}/{rep}/..., whatever the campaign nests below)."""
-    parents = [p for p in Path(run_json_path).resolve().parents if p.name == "runs"]
-    for runs in parents:
-        if (runs.parent / "deployments").is_dir():
-            return runs.parent
-    if parents:
-        return parents[0].parent
-    raise LocalError(f"{run_json_path}: not under a results/runs/ folder")
 
 
 class LocalBackend:
@@ -594,8 +585,11 @@ class LocalBackend:
 
     def run(self, request: RunRequest) -> dict[str, Any]:
         deployment = request.deployment
-        deployments_root = _results_root(request.run_json_path) / "deployments"
-        deployment_dir = deployments_root / deployment["deployment_id"]
+        # The deployment's own folder (where deploy started it); its parent holds every server and
+        # the Prometheus of this results folder: the campaign's, the floor's (the same deployments)
+        # and the capacity searches' (results/deployments/capacity-{search}/).
+        deployment_dir = Path(request.deployment_dir)
+        deployments_root = deployment_dir.parent
         manifest = read_trace_manifest(request.manifest_path)
         tokenizer = str(manifest["tokenizer"])
         stream_interval = request.dispatch.stream_interval

@@ -19,6 +19,7 @@ from typing import Any
 from servelab.config import (
     ARMS,
     ConfigError,
+    add_config_arguments,
     arm_conditions,
     deployment_for,
     load_config,
@@ -34,14 +35,14 @@ _DEPLOY_TIMESTAMP = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="config/config.yaml", help="config file")
+    add_config_arguments(p)
     p.add_argument("--arm", required=True, choices=ARMS)
     p.add_argument("--engine", required=True, choices=simulated_engines())
     p.add_argument("--condition", required=True, help="condition id, e.g. rate-0.28")
 
 
 def _deployment(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.configfile)
     if args.condition not in arm_conditions(cfg, args.arm, args.engine):
         raise ConfigError(
             f"--condition {args.condition}: not run by {args.engine} in the {args.arm} arm of "

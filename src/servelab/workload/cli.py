@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from servelab.artifacts import TRACE_SCHEMA, read_parquet, read_trace_manifest
-from servelab.config import load_config
+from servelab.config import add_config_arguments, load_config
 from servelab.workload.compiler import compile_from_config
 from servelab.workload.export import EXPORT_FORMATS, export_trace_files, meta_path
 from servelab.workload.validate import check_results
@@ -29,9 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = trace.add_subparsers(dest="trace_command", required=True)
 
     comp = sub.add_parser("compile", help="compile the trace of one (condition, rep)")
-    comp.add_argument(
-        "--config", default="config/config.yaml", help="config file (default: %(default)s)"
-    )
+    add_config_arguments(comp)
     comp.add_argument("--condition", required=True, help="condition id, e.g. rate-0.28")
     comp.add_argument("--rep", required=True, help="repetition, e.g. rep1")
     comp.add_argument("--out", help="output folder (default: results/traces/{condition}/{rep})")
@@ -75,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = load_config(args.config, args.configfile)
     out = Path(args.out) if args.out else Path("results/traces") / args.condition / args.rep
     manifest = compile_from_config(
         config,

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from fakekube import FakeCluster, PodScript, engine_log, running
 
@@ -48,7 +47,6 @@ rule restart:
 """
 
 
-@pytest.mark.slow
 def test_deploy_rule_on_the_kubernetes_backend(tmp_path: Path) -> None:
     study = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     good = deployment_for(study, "defaults", "vllm", "rate-0.12")

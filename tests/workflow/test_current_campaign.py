@@ -19,8 +19,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-pytestmark = pytest.mark.slow
-
 
 def _snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--cores", "1"]
