@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from campaigns import tiny_config
 from snakemake.utils import update_config
 
 from servelab.artifacts import RUN_JSON_REQUIRED
@@ -48,12 +49,7 @@ def study() -> dict[str, Any]:
 @pytest.fixture
 def small(study: dict[str, Any]) -> dict[str, Any]:
     """One condition, two repetitions, both engines, the defaults arm: four runs."""
-    cfg = copy.deepcopy(study)
-    cfg["repetitions"] = 2
-    cfg["conditions"] = [
-        {"sweep": "rate", "rate": 0.28, "sharing": 0.9, "prompt_tokens": 1024, "duration_s": 40}
-    ]
-    cfg["arms"] = {"defaults": copy.deepcopy(study["arms"]["defaults"])}
+    cfg = tiny_config(study)
     validate_config(cfg)
     return cfg
 
