@@ -1,20 +1,30 @@
 """Every command that README.md, docs/ and the config comments show is run, in a safe form.
 
 The docs are read when the tests run, so a command added or edited there is checked from then on.
-Each command runs in a scratch copy of the checkout (nothing is written to the checkout itself):
+A command is a line of any fence but a code or data one (python, yaml, json, ...) or an inline code
+span, whose first word is a known program (KNOWN_PROGRAMS) or a script of this repository; `a && b`,
+`a; b` and `a | b` are several. Each runs in a scratch copy of the checkout (nothing is written to
+the checkout itself):
 
-- `snakemake ...`       as a dry run (`-n` added), exactly as written otherwise;
-- `servelab ...`        for real when quick and its inputs can be made here (REAL_SUBCOMMANDS),
-                        else `servelab <subcommand> --help`, which must list every option shown;
+- `snakemake ...`       as a dry run (`-n` added), exactly as written otherwise; `--report` for real,
+                        in a copy of the session's tiny campaign;
+- `servelab ...`        for real when quick and its inputs can be made here (REAL_SUBCOMMANDS; the
+                        ones that read a campaign in the tiny campaign's copy), else
+                        `servelab <subcommand> --help`, which must list every option shown;
 - `make TARGET`         as `make -n TARGET`;
 - `python|pytest ...`   with `--help`, which must list every option shown;
+- `tar ...`             for real, on the tiny campaign's bundle;
+- a repository script   a Python one with `--help`, which must list every option shown; a shell
+                        one through `bash -n`, and every option shown must be in its text;
 - anything else         only if NOT_RUN names it, with the reason; shell blocks also pass `bash -n`.
 
-A documented command that fails in its safe form fails its test.
+A documented command that fails in its safe form fails its test, and so does a command of a known
+program that no rule runs and NOT_RUN does not name.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -34,25 +44,45 @@ TIMEOUT_S = 300
 # Two at a time: most of each run is Python start-up and imports, and CI has two cores.
 WORKERS = 2
 
-# The programs whose lines count as commands outside shell-labelled fences and in inline code.
-PROGRAMS = ("snakemake", "servelab", "make", "python", "pytest")
+# The programs whose lines and inline spans count as commands (as do the repository's scripts).
+# The first row is run by a rule below; the others only under a NOT_RUN entry, each with its reason.
+RUN_PROGRAMS = ("snakemake", "servelab", "make", "python", "python3", "pytest", "tar")
+OTHER_PROGRAMS = (
+    *("git", "gcloud", "helm", "kubectl", "docker", "apt-get", "pip", "uv", "hf", "less"),
+    *("vllm", "sglang", "aiperf", "inference-perf", "cyclictest", "curl", "taskset"),
+)
+KNOWN_PROGRAMS = frozenset(RUN_PROGRAMS + OTHER_PROGRAMS)
 SHELL_FENCES = frozenset({"sh", "bash", "shell", "console"})
-PLAIN_FENCES = frozenset({"", "text"})  # may mix commands with output, diagrams or synopses
+# Any other fence ("", text, ...) may mix commands with output, diagrams or synopses.
+CODE_FENCES = frozenset({"python", "py", "yaml", "yml", "json", "toml", "ini", "jinja", "promql"})
 
-# Commands shown in the docs that no test runs, not even as a dry run. Keep this short: each entry
-# must still match a documented command, and every other command is run.
+# Commands shown in the docs that no test runs, not even as a dry run: each with its reason. Each
+# entry must still match a documented command, and every other command is run.
 NOT_RUN: dict[str, str] = {
     "gcloud": "creates, configures and deletes a billed GKE cluster",
     "helm": "installs the monitoring stack into a real cluster",
-    "kubectl": "acts on a real cluster (namespace, Secret, teardown)",
+    "kubectl": "acts on a real cluster (namespace, Secret, logs, teardown)",
+    "docker": "asks a container registry for an image digest (no registry is reachable here)",
+    "git": "clones or checks out a user's copy (the address and commit are placeholders)",
+    "apt-get": "installs a system package as root; .ci/run does it (tests/unit/test_ci_run.py)",
+    "pip download": "downloads an engine's wheel (hundreds of MB) to read its source",
+    "pip install": "installs into an environment; `make`'s own set-up runs it on every machine",
+    "python3 -m vllm.entrypoints.openai.api_server": "vLLM's server, in its own image",
+    "uv pip compile": "resolves against PyPI; tools/lock-verify-env.sh runs it (a network lock)",
+    "hf": "fetches from a model hub, which servelab never does at run time",
+    "less": "a pager: it reads the terminal",
+    "vllm": "vLLM's own command line, quoted for what it does (its peer check is a benchmark)",
+    "sglang": "SGLang's own command line, quoted for what it does",
+    "python3 -m sglang.launch_server": "SGLang's server, in its own image on a GPU node",
+    "aiperf": "a peer tool in a venv of its own (docs/benchmarks/llamacpp.md builds it)",
     # `.`, `read`, `unset`, NAME=value ...: see _normalized
     "(shell)": "changes only the calling shell's state (its block is still checked by `bash -n`)",
-    "snakemake --report": "embeds a finished campaign's outputs; there is nothing to dry-run",
     "python -m servelab.engines._extract_cli": "reads the unpacked vLLM and SGLang wheels",
 }
 SHELL_BUILTINS = frozenset({".", "source", "read", "unset", "export", "cd"})
 
-# servelab subcommands run for real: each takes seconds on the inputs below.
+# servelab subcommands run for real: each takes seconds on the inputs below. Those that read a
+# campaign's results run in a copy of the session's tiny campaign.
 REAL_SUBCOMMANDS = frozenset(
     {
         ("trace", "compile"),
@@ -62,9 +92,14 @@ REAL_SUBCOMMANDS = frozenset(
         ("local", "stop"),
     }
 )
-# Inputs the docs refer to by a path that only a user's campaign would have: made in the scratch copy.
+CAMPAIGN_SUBCOMMANDS = frozenset(
+    {("table", "show"), ("campaign", "plan"), ("campaign", "status"), ("bundle",), ("verify",)}
+)
+# Inputs the docs refer to by a path that only a user's campaign would have: made in the scratch copy
+# (a path under results/ is taken from the tiny campaign).
 DOCUMENTED_INPUTS = {
     "path/to/engine-startup.log": REPO / "tests" / "data" / "engine-logs" / "sglang-0.4.1-01.log",
+    "path/to/bundle.tar.gz": Path("results/bundle.tar.gz"),
 }
 PLACEHOLDER = re.compile(r"[<>\[\]|]|\.\.\.|^[A-Z][A-Z0-9_]*$|^/")
 OPTION = re.compile(r"^\[?(--[a-z][a-z0-9-]*)")
@@ -80,7 +115,7 @@ class DocCommand:
 
 
 def commands_of(where: str, text: str, *, inline: bool = False) -> list[DocCommand]:
-    """`a && b; c` on one line is three commands; a line the shell cannot split is one bad one."""
+    """`a && b; c | d` on one line is four commands; a line the shell cannot split is one bad one."""
     try:
         # a markdown table escapes `|` as `\\|`
         words = shlex.split(text.replace("\\|", "|"), comments=True)
@@ -89,8 +124,8 @@ def commands_of(where: str, text: str, *, inline: bool = False) -> list[DocComma
     found: list[DocCommand] = []
     current: list[str] = []
     for word in words:
-        ends_command = word in ("&&", "||", ";") or word.endswith(";")
-        word = word.removesuffix(";") if word not in ("&&", "||") else ""
+        ends_command = word in ("&&", "||", "|", ";") or word.endswith(";")
+        word = word.removesuffix(";") if word not in ("&&", "||", "|") else ""
         if word:
             current.append(word)
         if ends_command and current:
@@ -123,12 +158,36 @@ def _joined_lines(lines: list[tuple[int, str]]) -> Iterator[tuple[int, str]]:
         yield start, " ".join(parts).strip()
 
 
+ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+
+
+def program_of(word: str) -> str:
+    """The program a command's first word names: `.venv/bin/python` and `~/v/bin/pip` are python
+    and pip; a repository script keeps its path."""
+    return word.rpartition("/bin/")[2] if "/bin/" in word else word
+
+
+def repo_script(word: str) -> Path | None:
+    """The repository file a command's first word runs (`tools/x.sh`, `benchmarks/y.py`), if any."""
+    if "/" not in word or word.startswith(("/", "~", "$")) or ".." in word:
+        return None
+    path = REPO / word
+    if not path.is_file() or not (path.suffix in (".py", ".sh") or os.access(path, os.X_OK)):
+        return None
+    return path
+
+
 def _is_command(text: str) -> bool:
     words = text.split()
+    while words and ASSIGNMENT.match(words[0]):  # `UPDATE_GOLDENS=1 pytest ...`
+        words = words[1:]
     if len(words) < 2:  # a bare program name is prose, not a command
         return False
-    program = words[0].removeprefix(".venv/bin/")
-    return program in PROGRAMS
+    if (
+        words[1].endswith(":") or words[1] == "="
+    ):  # `vllm 0.12.0: ...`, `sglang = ...`: not commands
+        return False
+    return program_of(words[0]) in KNOWN_PROGRAMS or repo_script(words[0]) is not None
 
 
 def extract_markdown(text: str, name: str) -> tuple[list[DocCommand], list[ShellBlock]]:
@@ -180,8 +239,8 @@ def _text(body: list[tuple[int, str]]) -> str:
 
 
 def _fenced_commands(body: list[tuple[int, str]], lang: str, name: str) -> list[DocCommand]:
-    if lang not in SHELL_FENCES | PLAIN_FENCES:
-        return []  # python, yaml, json: code and data, not commands
+    if lang in CODE_FENCES:
+        return []  # code and data, not commands
     found = []
     for number, line in _joined_lines(body):
         prompted = line.startswith("$ ")
@@ -222,22 +281,29 @@ def documented() -> tuple[list[DocCommand], list[ShellBlock]]:
 
 
 # ------------------------------------------------------------------------------------- planning
+Kind = Literal["dry run", "run", "campaign run", "help", "make -n", "script", "not run", "no rule"]
+
+
 @dataclass(frozen=True)
 class Plan:
-    """What a documented command is run as."""
+    """What a documented command is run as: `run` in the scratch checkout, `campaign run` in the
+    tiny campaign's copy, the others in the clean checkout."""
 
-    kind: Literal["dry run", "run", "help", "make -n", "not run", "no rule"]
+    kind: Kind
     argv: tuple[str, ...] = ()
-    options: tuple[str, ...] = ()  # for "help": the documented options its output must list
+    options: tuple[str, ...] = ()  # the documented options the output (help, script) must list
     reason: str = ""  # for "not run"
 
 
 def _normalized(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The command with `.venv/bin/` dropped, and a shell builtin or assignment as `(shell)`."""
-    head = argv[0].removeprefix(".venv/bin/")
-    if re.match(r"^[A-Za-z_]\w*=", head) or head in SHELL_BUILTINS:
-        head = "(shell)"
-    return (head, *argv[1:])
+    """The command without leading `NAME=value` words, its program as `program_of` names it; a
+    shell builtin, or assignments alone, as `(shell)`."""
+    words = list(argv)
+    while words and ASSIGNMENT.match(words[0]):
+        words.pop(0)
+    if not words or words[0] in SHELL_BUILTINS:
+        return ("(shell)", *argv[1:])
+    return (program_of(words[0]), *words[1:])
 
 
 def not_run_reason(argv: tuple[str, ...]) -> str | None:
@@ -262,13 +328,24 @@ def _subcommands(args: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(p) for p in path]
 
 
+def _python_help(launcher: tuple[str, ...], args: tuple[str, ...]) -> Plan:
+    if args[:1] == ("-m",):
+        launcher, args = (*launcher, "-m", args[1]), args[2:]
+    # keep the script or test folder; drop values that would only be read after --help
+    kept = tuple(a for a in args if not a.startswith("-") and (REPO / a).exists())
+    return Plan("help", (*launcher, *kept, "--help"), _options(args))
+
+
 def plan(command: DocCommand) -> list[Plan]:
-    argv = command.argv
-    reason = not_run_reason(argv)
+    reason = not_run_reason(command.argv)
     if reason is not None:
         return [Plan("not run", reason=reason)]
-    program, args = argv[0].removeprefix(".venv/bin/"), argv[1:]
+    program, *rest = _normalized(command.argv)
+    args = tuple(rest)
+    concrete = not any(PLACEHOLDER.search(arg) for arg in args)
     if program == "snakemake":
+        if "--report" in args:  # for real, after a campaign: a dry run makes no report
+            return [Plan("campaign run", (str(BIN / "snakemake"), *args))]
         if args[:1] in (("--cores",), ("-c",)) and args[1:2] and args[1].isdigit():
             # a dry run starts no job, so a leading core count is moot (and only a leading one
             # is dropped: anywhere else it may end the file list of a --configfile before it)
@@ -278,20 +355,27 @@ def plan(command: DocCommand) -> list[Plan]:
     if program == "make":
         return [Plan("make -n", ("make", "-n", *args))]
     if program == "servelab":
-        concrete = not any(PLACEHOLDER.search(arg) for arg in args)
         paths = _subcommands(args)
-        if concrete and not command.inline and len(paths) == 1 and paths[0] in REAL_SUBCOMMANDS:
-            return [Plan("run", (str(BIN / "servelab"), *args))]
+        if concrete and not command.inline and len(paths) == 1:
+            if paths[0] in REAL_SUBCOMMANDS:
+                return [Plan("run", (str(BIN / "servelab"), *args))]
+            if paths[0] in CAMPAIGN_SUBCOMMANDS:
+                return [Plan("campaign run", (str(BIN / "servelab"), *args))]
         return [
             Plan("help", (str(BIN / "servelab"), *path, "--help"), _options(args)) for path in paths
         ]
-    if program == "python" or program == "pytest":
-        launcher = (sys.executable,) if program == "python" else (sys.executable, "-m", "pytest")
-        if args[:1] == ("-m",):
-            launcher, args = (*launcher, "-m", args[1]), args[2:]
-        # keep the script or test folder; drop values that would only be read after --help
-        kept = tuple(a for a in args if not a.startswith("-") and (REPO / a).exists())
-        return [Plan("help", (*launcher, *kept, "--help"), _options(args))]
+    if program in ("python", "python3"):
+        return [_python_help((sys.executable,), args)]
+    if program == "pytest":
+        return [_python_help((sys.executable, "-m", "pytest"), args)]
+    if program == "tar" and concrete and not command.inline:
+        return [Plan("campaign run", ("tar", *args))]
+    script = repo_script(program)
+    if script is not None and script.suffix == ".py":
+        return [Plan("help", (sys.executable, str(script), "--help"), _options(args))]
+    if script is not None:  # a shell script: valid shell, and its text knows every option shown
+        check = 'bash -n "$0" && cat "$0"'
+        return [Plan("script", ("bash", "-c", check, str(script)), _options(args))]
     return [Plan("no rule", reason=f"no rule runs `{program}`: add one, or a NOT_RUN entry")]
 
 
@@ -306,10 +390,12 @@ class Outcome:
 @dataclass
 class Runner:
     """Runs plans in scratch copies of the checkout: the dry runs, `--help` and `make -n` in one
-    left as a clean clone has it, the real runs (which write results/) in another."""
+    left as a clean clone has it, the real runs (which write results/) in another, and the runs that
+    read a campaign in a copy of the tiny campaign."""
 
     clean: Path
     real: Path
+    campaign: Path
     # one run per distinct argv: the docs show some commands several times
     results: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = field(default_factory=dict)
 
@@ -324,9 +410,17 @@ class Runner:
             result = subprocess.CompletedProcess(argv, -1, "", f"{type(error).__name__}: {error}")
         self.results[argv] = result
 
-    def _run_in_order(self, argvs: Iterable[tuple[str, ...]]) -> None:
+    def _run_in_order(self, argvs: Iterable[tuple[str, ...]], cwd: Path) -> None:
         for argv in argvs:
-            self._run(argv, self.real)
+            self._run(argv, cwd)
+
+    def _make_inputs(self) -> None:
+        for folder in (self.real, self.campaign):
+            for target, source in DOCUMENTED_INPUTS.items():
+                origin = source if source.is_absolute() else self.campaign / source
+                if origin.is_file():
+                    (folder / target).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(origin, folder / target)
 
     def outcome(self, plan: Plan) -> Outcome:
         if plan.kind in ("not run", "no rule"):
@@ -346,17 +440,23 @@ class Runner:
     def run_all(self, commands: list[DocCommand]) -> dict[DocCommand, list[Outcome]]:
         plans = {command: plan(command) for command in commands}
         every = [p for ps in plans.values() for p in ps]
-        for target, source in DOCUMENTED_INPUTS.items():
-            (self.real / target).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(source, self.real / target)
+        self._make_inputs()
         batched = [p for p in every if _batchable(p)]
         targets = dict.fromkeys(a for p in batched for a in _targets(p))
         batch = (str(BIN / "snakemake"), "-n", *targets)
         # `trace compile` first: the other trace commands read the trace it writes
         real = sorted((p for p in every if p.kind == "run"), key=lambda p: "compile" not in p.argv)
-        rest = [p for p in every if p.kind in ("dry run", "help", "make -n") and p not in batched]
+        in_campaign = [p.argv for p in every if p.kind == "campaign run"]
+        rest = [
+            p
+            for p in every
+            if p.kind in ("dry run", "help", "make -n", "script") and p not in batched
+        ]
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            jobs = [pool.submit(self._run_in_order, [p.argv for p in real])]
+            jobs = [
+                pool.submit(self._run_in_order, [p.argv for p in real], self.real),
+                pool.submit(self._run_in_order, in_campaign, self.campaign),
+            ]
             if batched:
                 jobs.append(pool.submit(self._run, batch, self.clean))
             # the snakemake dry runs (seconds each) before the quick --help and make -n
@@ -436,10 +536,30 @@ def scratch_copy(dest: Path) -> Path:
 COMMANDS, SHELL_BLOCKS = documented()
 
 
+def campaign_copy(tiny_campaign, dest: Path) -> Path:
+    """The tiny campaign (its config as config/config.yaml) in a checkout of its own: the
+    workflow's files and the repository's other configs beside it, so that a documented
+    `snakemake` finds its Snakefile and `--configfile config/X.yaml` its file."""
+    copy = tiny_campaign.copy_to(dest).path
+    for name in ("Snakefile", "environment.yml"):
+        shutil.copy(REPO / name, copy / name)
+    for name in ("workflow", "profiles"):
+        shutil.copytree(REPO / name, copy / name, dirs_exist_ok=True)
+    for path in (REPO / "config").glob("*.yaml"):
+        if not (copy / "config" / path.name).exists():
+            shutil.copy(path, copy / "config" / path.name)
+    shutil.copy(REPO / "config" / "kubernetes.example.yaml", copy / "config" / "kubernetes.yaml")
+    return copy
+
+
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
+def runner(tmp_path_factory: pytest.TempPathFactory, tiny_campaign) -> Runner:
     root = tmp_path_factory.mktemp("checkouts")
-    return Runner(clean=scratch_copy(root / "clean"), real=scratch_copy(root / "real"))
+    return Runner(
+        clean=scratch_copy(root / "clean"),
+        real=scratch_copy(root / "real"),
+        campaign=campaign_copy(tiny_campaign, root / "campaign"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -467,8 +587,22 @@ def test_shell_block_is_valid_shell(block: ShellBlock):
     assert result.returncode == 0, f"{block.where}: {result.stderr}"
 
 
-def test_commands_not_run_are_few_and_each_is_still_documented():
-    assert len(NOT_RUN) <= 6, "every command not run needs a reason to stay unrun"
+def test_the_report_is_built_for_real_from_the_tiny_campaign(
+    runner: Runner, outcomes: dict[DocCommand, list[Outcome]]
+):
+    ran = [
+        o
+        for os_ in outcomes.values()
+        for o in os_
+        if o.plan.argv[1:] == ("--report", "report.html")
+    ]
+    assert ran and all(o.ok for o in ran)
+    report = runner.campaign / "report.html"
+    assert report.stat().st_size > 10_000
+    assert "table5" in report.read_text(errors="replace")
+
+
+def test_each_command_not_run_has_a_reason_and_is_still_documented():
     used = {prefix: 0 for prefix in NOT_RUN}
     for command in COMMANDS:
         line = " ".join(_normalized(command.argv)) + " "
@@ -508,6 +642,16 @@ $ servelab resolve-config LOGFILE
 ```python
 make = "not a command"
 ```
+
+```text
+tools/lock-verify-env.sh --check
+tools/lock-verify-env.sh --no-such-option
+tar -tzf path/to/bundle.tar.gz | less
+vllm 0.12.0: a message that names a program, not a command
+```
+
+Also `UPDATE_GOLDENS=1 pytest tests/unit --no-such-flag`, `benchmarks/table5_wall.py --keep DIR`,
+`curl http://127.0.0.1:8000/health` and `frobnicate --all` (no known program: prose).
 """
 
 
@@ -533,6 +677,13 @@ def test_extractor_finds_the_commands_of_a_planted_page():
         ),
         ("planted.md:19", ("servelab", "dispatch", "--no-such-flag", "X")),
         ("planted.md:23", ("servelab", "resolve-config", "LOGFILE")),
+        ("planted.md:32", ("tools/lock-verify-env.sh", "--check")),
+        ("planted.md:33", ("tools/lock-verify-env.sh", "--no-such-option")),
+        ("planted.md:34", ("tar", "-tzf", "path/to/bundle.tar.gz")),  # a pipe: two commands
+        ("planted.md:34", ("less",)),
+        ("planted.md:38", ("UPDATE_GOLDENS=1", "pytest", "tests/unit", "--no-such-flag")),
+        ("planted.md:38", ("benchmarks/table5_wall.py", "--keep", "DIR")),
+        ("planted.md:39", ("curl", "http://127.0.0.1:8000/health")),
     ]
     assert [b.where for b in blocks] == ["planted.md:4"]
     assert [p.argv[1:] for p in plan(commands[7])] == [
@@ -543,7 +694,7 @@ def test_extractor_finds_the_commands_of_a_planted_page():
 
 def test_a_planted_bad_command_fails_and_a_good_one_passes(runner: Runner):
     commands, _ = extract_markdown(PLANTED_DOC, "planted.md")
-    results = Runner(runner.clean, runner.real).run_all(commands)
+    results = Runner(runner.clean, runner.real, runner.campaign).run_all(commands)
     ok = {c.argv: all(o.ok for o in results[c]) for c in commands}
     assert ok == {
         ("make", "table5"): True,
@@ -565,4 +716,11 @@ def test_a_planted_bad_command_fails_and_a_good_one_passes(runner: Runner):
         # run as `servelab dispatch --help`, which does not list the option
         ("servelab", "dispatch", "--no-such-flag", "X"): False,
         ("servelab", "resolve-config", "LOGFILE"): True,
+        ("tools/lock-verify-env.sh", "--check"): True,  # valid shell that knows the option
+        ("tools/lock-verify-env.sh", "--no-such-option"): False,
+        ("tar", "-tzf", "path/to/bundle.tar.gz"): True,  # for real, on the tiny campaign's bundle
+        ("less",): True,  # not run, with its reason
+        ("UPDATE_GOLDENS=1", "pytest", "tests/unit", "--no-such-flag"): False,
+        ("benchmarks/table5_wall.py", "--keep", "DIR"): True,
+        ("curl", "http://127.0.0.1:8000/health"): False,  # a known program no rule runs
     }

@@ -1,0 +1,159 @@
+"""`servelab campaign plan|status|redo` for real against every shipped config, each after a tiny
+campaign of that config run through the real Snakefile with the same `--configfile` list.
+
+The workflow and every CLI command read a config through one merge (`servelab.config.load_config`,
+whose `prepare_config` the Snakefile calls too), so a config the workflow runs is one the CLI reads,
+with the same grid: the runs the campaign measured are `done` in `status`, not in `plan`, and `redo`
+moves one aside so that `status` then says `missing`.
+
+The tiny campaign is one block (the grid's first arm, engine and condition, its repetitions) with
+every condition shortened (condition names do not change: arms refer to them). It runs on the
+config's own backend where this machine has it: the sim, or the local backend with the real
+llama-server and Prometheus. The kubernetes config has no cluster here: its campaign runs on the sim
+(the tiny overlay says `backend: sim`), and its commands read the config as shipped plus the same
+overlay.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from campaigns import Workdir
+
+from servelab.campaign_status import target_runs
+from servelab.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# Each shipped config as documented: the files laid over config/config.yaml, in order.
+CONFIGFILES: dict[str, tuple[str, ...]] = {
+    "config.yaml": (),
+    "test.yaml": ("config/test.yaml",),
+    "capacity.yaml": ("config/capacity.yaml",),
+    "current.yaml": ("config/current.yaml",),
+    "current-h100.yaml": ("config/current.yaml", "config/current-h100.yaml"),
+    "llamacpp.yaml": ("config/llamacpp.yaml",),
+    "kubernetes.example.yaml": ("config/kubernetes.example.yaml",),
+}
+# Backends this machine cannot serve, and the one the tiny campaign runs on instead.
+STAND_IN_BACKEND = {"kubernetes": "sim"}
+TINY_DURATION_S = 8
+GRAPHS = 8  # agent graphs a tiny run expects (Gamma arrivals, CV 1.5: bursty)
+TINY_REPETITIONS = 2
+
+
+def shipped_configs() -> list[str]:
+    return sorted(p.name for p in (REPO / "config").glob("*.yaml") if p.name != "schema.yaml")
+
+
+def test_every_shipped_config_is_checked() -> None:
+    assert sorted(CONFIGFILES) == shipped_configs()
+
+
+def tiny_duration_s(duration_s: float, rate: float) -> float:
+    """Short, but long enough that a few agent graphs arrive (a trace with none is refused)."""
+    return min(duration_s, max(TINY_DURATION_S, round(GRAPHS / rate)))
+
+
+def tiny_overlay(merged: dict[str, Any]) -> dict[str, Any]:
+    """The overlay that makes a campaign of `merged` tiny: every condition shortened, two
+    repetitions, no injected faults or pauses, two warm-ups; a stand-in backend where needed."""
+    overlay: dict[str, Any] = {
+        "repetitions": TINY_REPETITIONS,
+        "conditions": [
+            {**c, "duration_s": tiny_duration_s(float(c["duration_s"]), float(c["rate"]))}
+            for c in copy.deepcopy(merged["conditions"])
+        ],
+        "dispatch": {"warmup_requests": 2},
+        "campaign": {"faults": [], "pause_between_runs_s": 0},
+    }
+    if merged["backend"] in STAND_IN_BACKEND:
+        overlay["backend"] = STAND_IN_BACKEND[merged["backend"]]
+    return overlay
+
+
+def servelab(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(BIN / "servelab"), *args], cwd=work, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"servelab {' '.join(args)}:\n{result.stderr[-3000:]}"
+    return result
+
+
+def status_states(work: Path, files: list[str]) -> dict[str, str]:
+    servelab(work, "campaign", "status", "--configfile", *files, "--csv", "status.csv")
+    with (work / "status.csv").open(newline="") as handle:
+        return {row["run_id"]: row["state"] for row in csv.DictReader(handle)}
+
+
+@pytest.fixture
+def config_name(request: pytest.FixtureRequest) -> str:
+    name = request.param
+    if name == "llamacpp.yaml":  # its own backend: the real engine and a real Prometheus
+        request.getfixturevalue("llama_server_program")
+        request.getfixturevalue("prometheus_program")
+    return name
+
+
+@pytest.mark.parametrize("config_name", list(CONFIGFILES), indirect=True)
+def test_campaign_commands_read_what_a_tiny_campaign_of_the_config_measured(
+    config_name: str, tmp_path: Path
+) -> None:
+    work = Workdir(tmp_path, {}, write=False)
+    (tmp_path / "config").mkdir()
+    for path in (REPO / "config").glob("*.yaml"):
+        (tmp_path / "config" / path.name).write_bytes(path.read_bytes())
+    shipped = [*CONFIGFILES[config_name]]
+    merged = load_config(tmp_path / "config" / "config.yaml", [tmp_path / f for f in shipped])
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_overlay(merged), sort_keys=False))
+    files = [*shipped, "tiny.yaml"]
+    config = load_config(tmp_path / "config" / "config.yaml", [tmp_path / f for f in files])
+
+    every = [run.id for run in target_runs(config, "all")]
+    first = target_runs(config, "all")[0]
+    block = [
+        f"{first.arm}/{first.engine}/{first.condition}/rep{k}"
+        for k in range(1, TINY_REPETITIONS + 1)
+    ]
+    assert block[0] == every[0] and set(block) <= set(every)
+    targets = [f"results/runs/{run_id}/run.json" for run_id in block]
+    done = subprocess.run(
+        [*work.command(*targets), "--configfile", *files],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+    # status: the block done, every other run of the grid missing
+    states = status_states(tmp_path, files)
+    assert list(states) == every
+    assert {run_id: states[run_id] for run_id in block} == dict.fromkeys(block, "done")
+    assert set(states.values()) - {"done"} <= {"missing"}
+    assert sum(s == "done" for s in states.values()) == len(block)
+
+    # plan: every run of the grid but the block is still to measure
+    plan = servelab(tmp_path, "campaign", "plan", "--target", "all", "--configfile", *files)
+    counts = re.search(r"(\d+) of its (\d+) runs to measure", plan.stdout)
+    assert counts, plan.stdout
+    assert (int(counts[1]), int(counts[2])) == (len(every) - len(block), len(every))
+    assert f"backend {config['backend']}" in plan.stdout
+
+    # redo: the first run moved aside (never deleted), then missing
+    redo = servelab(
+        tmp_path, "campaign", "redo", block[0], "--why", "a test", "--configfile", *files
+    )
+    assert redo.stdout.startswith(f"{block[0]}: moved ")
+    assert list((tmp_path / "results" / "redone" / block[0]).glob("*/reason.json"))
+    states = status_states(tmp_path, files)
+    assert (states[block[0]], states[block[1]]) == ("missing", "done")
