@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import platform
 import statistics
@@ -55,6 +56,7 @@ def main() -> int:
     parser.add_argument("--config", type=Path, required=True, help="its merged configuration")
     parser.add_argument("--out", type=Path, help="where to write the bundle (default: temp)")
     parser.add_argument("--repeat", type=int, default=2, help="timed bundlings (default 2)")
+    parser.add_argument("--json", action="store_true", help="end with a JSON line")
     args = parser.parse_args()
 
     print(f"machine: {_machine()}")
@@ -68,8 +70,9 @@ def main() -> int:
             write_bundle(args.results, config, out)
             times.append(time.perf_counter() - t)
             digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
+        size_mb = out.stat().st_size / 1e6
         print(
-            f"bundle: {out.stat().st_size / 1e6:.1f} MB, write {statistics.median(times):.1f} s "
+            f"bundle: {size_mb:.1f} MB, write {statistics.median(times):.1f} s "
             f"(median of {len(times)}: {', '.join(f'{x:.1f}' for x in times)}), "
             f"{'identical bytes each time' if len(digests) == 1 else 'BYTES DIFFER'}"
         )
@@ -80,6 +83,13 @@ def main() -> int:
         print(f"verify: {verify_s:.1f} s ({report.members} members, {members_mb / 1e6:.1f} MB)")
         print(report.render(), end="")
     print(f"load average after: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    if args.json:
+        summary = {
+            "bundle_mb": round(size_mb, 1),
+            "write_s": round(statistics.median(times), 1),
+            "verify_s": round(verify_s, 1),
+        }
+        print(json.dumps(summary))
     return 0 if report.ok and len(digests) == 1 else 1
 
 

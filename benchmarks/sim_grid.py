@@ -12,6 +12,7 @@ for the grid on 2 cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=1, help="parallel processes")
     ap.add_argument("--only", default="", help="comma-separated condition ids")
+    ap.add_argument("--json", action="store_true", help="end with a JSON line of the totals")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     grid = runs(cfg)
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grid wall time: {total:.1f} s for {len(results)} runs "
           f"(sum of run times {sum(walls):.1f} s, max run {walls[-1]:.2f} s, "
           f"median {walls[len(walls) // 2]:.2f} s)")  # fmt: skip
+    if args.json:
+        print(json.dumps({"grid_wall_s": round(total, 1), "runs": len(results)}))
     return 0
 
 

@@ -62,6 +62,22 @@ def within_2x(sim: float, study: float) -> bool:
     return math.isfinite(sim) and sim > 0 and abs(math.log(sim / study)) <= math.log(2)
 
 
+def table5_counts(results: Path) -> dict[str, int]:
+    """Gaps within a factor 2 of the study's and significance marks that agree (of all gaps)."""
+    rows = _rows(results / "table5.csv")
+    within = marks = total = 0
+    for (cond, metric), (d, d_star, m, m_star, _) in STUDY_TABLE5.items():
+        row = rows[cond, metric]
+        for sim, study, s_p, t_star in (
+            (_float(row["defaults_gap"]), d, row["defaults_p"], d_star),
+            (_float(row["matched_gap"]), m, row["matched_p"], m_star),
+        ):
+            total += 1
+            within += within_2x(sim, study)
+            marks += _star(s_p) == t_star
+    return {"gaps_within_2x": within, "marks_agree": marks, "gaps": total}
+
+
 def table5_report(results: Path) -> list[str]:
     rows = _rows(results / "table5.csv")
     out = [
@@ -152,7 +168,13 @@ def tpot_spread_report(results: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, required=True)
+    ap.add_argument(
+        "--json", action="store_true", help="only Table 5's counts, as JSON (table5.csv suffices)"
+    )
     args = ap.parse_args(argv)
+    if args.json:
+        print(json.dumps(table5_counts(args.results)))
+        return 0
     sections = (
         ("Table 5", table5_report),
         ("F3", f3_report),

@@ -3,13 +3,17 @@
 Runs the real workflow in a scratch folder (so the repository's results/ is untouched), with the
 study's config, and prints the total wall time and how many jobs of each rule ran.
 
-    python benchmarks/table5_wall.py [--cores 1] [--keep DIR]
+    python benchmarks/table5_wall.py [--cores 1] [--target T] [--configfile F ...] [--keep DIR]
+        [--json]
+
+With --json the last line is {"wall_s": ..., "jobs": ...} (benchmarks/figures.py reads it).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import platform
 import re
 import shutil
@@ -27,6 +31,8 @@ def main() -> int:
     parser.add_argument("--cores", default="1")
     parser.add_argument("--target", default="results/table5.csv")
     parser.add_argument("--keep", type=Path, help="run here and keep the results")
+    parser.add_argument("--configfile", nargs="+", default=[], help="overlays, as snakemake's")
+    parser.add_argument("--json", action="store_true", help="end with a JSON line")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="servelab-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -41,6 +47,7 @@ def main() -> int:
             "--cores",
             args.cores,
             args.target,
+            *(["--configfile", *args.configfile] if args.configfile else []),
         ],
         cwd=work,
         capture_output=True,
@@ -62,6 +69,8 @@ def main() -> int:
         print(f"  {rule:<18} {n:>4} jobs")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"wall_s": round(wall, 1), "jobs": sum(counts.values())}))
     return 0
 
 

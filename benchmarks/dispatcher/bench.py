@@ -10,12 +10,21 @@ individual gaps). Then searches upward for the highest rate whose measured media
 10% of the true ITL: both the median over requests of each request's mean inter-chunk gap and
 the median of all individual gaps (which exposes a client that reads its streams in bursts).
 
+Schedule lag at three places, per request, against the time the trace says it is due:
+- `lag`: when the dispatcher's pacer took it (run.json's `dispatcher_lag_s`);
+- `wire_lag`: when its last byte was written to the socket (run.json's `wire_lag_s`);
+- `server_lag`: when the server had read its last byte (the sim server records each request's
+  X-Request-Id with time.perf_counter(), the machine's CLOCK_MONOTONIC, which the dispatcher's
+  run clock also counts on);
+- with `--capture`, `capture_lag`: the kernel's time of the request's packet on the loopback
+  interface (dumpcap, read back by tshark; Debian's tshark package), joined by its X-Request-Id.
+
 Beside each rate it measures the machine's own share of the lag, at the same time: the pacer alone
 in a process of its own (servelab.dispatch.paced.Pacer at the same rate, doing nothing else) and,
 if rt-tests is installed, cyclictest at the same period (the kernel's timer wake-up latency).
 
 Usage: .venv/bin/python benchmarks/dispatcher/bench.py [--rates 20 50] [--duration 20] [--search]
-       [--client paced|httpx] [--workers N]
+       [--client paced|httpx] [--workers N] [--capture]
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -38,7 +48,7 @@ from servelab.dispatch.pacer import Pacer
 from servelab.dispatch.parallel import run_parallel
 from servelab.workload.release import TraceRequest
 
-SEARCH_RATES = (20.0, 30.0, 40.0, 50.0, 60.0, 75.0, 100.0, 150.0, 200.0, 300.0)
+SEARCH_RATES = (20.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 500.0, 600.0)
 
 
 def within(measured: float, true: float, tolerance: float = 0.10) -> bool:
@@ -144,8 +154,72 @@ def _histogram_quantiles(text: str) -> dict:
     return out
 
 
+def _percentiles(name: str, values: list[float]) -> dict:
+    if not values:
+        return {}
+    arr = np.asarray(values) * 1e3
+    return {
+        f"{name}_median_ms": float(np.median(arr)),
+        f"{name}_p99_ms": float(np.percentile(arr, 99)),
+        f"{name}_max_ms": float(arr.max()),
+    }
+
+
+def _start_capture(port: int, path: str) -> subprocess.Popen | None:
+    """dumpcap on the loopback interface, the server's port only (None if not installed)."""
+    if shutil.which("dumpcap") is None:
+        return None
+    proc = subprocess.Popen(
+        ["dumpcap", "-q", "-i", "lo", "-f", f"tcp dst port {port}", "-w", path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # dumpcap opens the interface
+    return proc
+
+
+def _captured_requests(path: str) -> dict[str, float]:
+    """X-Request-Id -> the epoch time of the packet that carried the request's headers."""
+    out = subprocess.run(
+        [
+            "tshark",
+            "-r",
+            path,
+            "-Y",
+            "http.request",
+            "-T",
+            "fields",
+            "-e",
+            "frame.time_epoch",
+            "-e",
+            "http.request.line",
+            "-E",
+            "occurrence=a",
+            "-E",
+            "aggregator=|",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        stamp, _, headers = line.partition("\t")
+        for header in headers.split("|"):
+            name, _, value = header.partition(":")
+            if name.strip().lower() == "x-request-id":  # tshark shows the line end as \\r\\n
+                found[value.strip().removesuffix("\\r\\n")] = float(stamp)
+    return found
+
+
 def run_rate(
-    url: str, rate: float, duration: float, max_tokens: int, workers: int = 1, client: str = "paced"
+    url: str,
+    rate: float,
+    duration: float,
+    max_tokens: int,
+    workers: int = 1,
+    client: str = "paced",
+    capture: bool = False,
 ) -> dict:
     n = int(rate * duration)
     trace = [
@@ -170,9 +244,32 @@ def run_rate(
     probe = ctx.Process(target=_pacer_alone, args=(rate, duration, child), daemon=True)
     probe.start()
     cyclic = _cyclictest(rate, duration)
+    pcap = f"/tmp/servelab-bench-{os.getpid()}.pcapng"
+    dumpcap = _start_capture(int(url.rsplit(":", 1)[1]), pcap) if capture else None
     wall0 = time.perf_counter()
     res = run_parallel(**options, workers=workers) if workers > 1 else Dispatcher(**options).run()
     wall = time.perf_counter() - wall0
+    # the run clock on CLOCK_REALTIME (packet times), read back to back once
+    real_origin = res.clock_origin_s + (time.time() - time.perf_counter())
+    arrivals = httpx.get(f"{url}/servelab/arrivals", timeout=30).json()
+    sent = [r for r in res.records if r.sent_s is not None]
+    server_lags = [
+        arrivals[r.request_id] - res.clock_origin_s - r.scheduled_s
+        for r in sent
+        if r.request_id in arrivals
+    ]
+    captured_lags: list[float] = []
+    if dumpcap is not None:
+        time.sleep(1.0)
+        dumpcap.terminate()
+        dumpcap.wait(10)
+        packets = _captured_requests(pcap)
+        Path(pcap).unlink()
+        captured_lags = [
+            packets[r.request_id] - real_origin - r.scheduled_s
+            for r in sent
+            if r.request_id in packets
+        ]
     alone = np.array(parent.recv() if parent.poll(60) else [np.nan])
     probe.join(10)
     floor_kernel = _histogram_quantiles(cyclic.communicate(timeout=60)[0]) if cyclic else {}
@@ -198,10 +295,18 @@ def run_rate(
         "lag_median_ms": float(np.median(lags) * 1e3),
         "lag_p99_ms": float(np.percentile(lags, 99) * 1e3),
         "lag_max_ms": float(lags.max() * 1e3),
+        **_percentiles("wire_lag", [r.written_s - r.scheduled_s for r in sent if r.written_s]),
+        **_percentiles("server_lag", server_lags),
+        "server_lag_requests": len(server_lags),
+        **_percentiles("capture_lag", captured_lags),
+        "capture_lag_requests": len(captured_lags),
         "send_overhead_median_ms": round(res.send_overhead_s["median"] * 1e3, 3),
         "send_overhead_p99_ms": round(res.send_overhead_s["p99"] * 1e3, 3),
         "client_cpu_s": round(res.client_cpu_s, 2),
         "client_cpu_per_wall_s": round(res.client_cpu_s / res.duration_s, 3),
+        "client_cpu_us_per_token": round(
+            res.client_cpu_s / max(1, sum(len(r.chunk_times_s) for r in recs)) * 1e6, 2
+        ),
         "wall_s": round(wall, 1),
         "true_itl_ms": round(true_itl * 1e3, 3),
         "measured_itl_median_ms": round(float(np.median(per_req)) * 1e3, 3),
@@ -226,6 +331,9 @@ def main() -> None:
     ap.add_argument("--client", default="paced", choices=CLIENTS, help="dispatch.client")
     ap.add_argument("--search", action="store_true", help="find the highest rate within 10% ITL")
     ap.add_argument("--port", type=int, default=18931)
+    ap.add_argument(
+        "--capture", action="store_true", help="also time each request on the wire (dumpcap)"
+    )
     args = ap.parse_args()
     print(
         json.dumps(
@@ -240,7 +348,13 @@ def main() -> None:
                 json.dumps(
                     {
                         **run_rate(
-                            url, rate, args.duration, args.max_tokens, args.workers, args.client
+                            url,
+                            rate,
+                            args.duration,
+                            args.max_tokens,
+                            args.workers,
+                            args.client,
+                            args.capture,
                         ),
                         "loadavg_1m": os.getloadavg()[0],
                     }
@@ -250,7 +364,15 @@ def main() -> None:
         if args.search:
             best = None
             for rate in SEARCH_RATES:  # bounded: stops at the first rate that misses
-                r = run_rate(url, rate, args.duration, args.max_tokens, args.workers, args.client)
+                r = run_rate(
+                    url,
+                    rate,
+                    args.duration,
+                    args.max_tokens,
+                    args.workers,
+                    args.client,
+                    args.capture,
+                )
                 ok = within(r["measured_itl_median_ms"], r["true_itl_ms"]) and within(
                     r["gap_median_ms"], r["true_itl_ms"]
                 )

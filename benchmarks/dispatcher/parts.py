@@ -3,9 +3,12 @@
 Prints one JSON line per measurement:
 - `pacer_startup`: PacerProcess start (spawn the standard-library-only script, load the requests,
   "ready"), median and max of 5, with 10 and with 1,000 requests of 2 KB;
-- `h11_per_chunk_us`: h11 parsing one chunked-encoding HTTP chunk that holds one SSE event of
-  vLLM's shape (usage on every chunk), as the dispatcher's loop does for every read;
-- `recorder_per_chunk_us`: servelab's ChunkRecorder (SSE parse, json.loads, usage and token
+- `httptools_per_chunk_us`: httptools (llhttp) parsing one chunked-encoding HTTP chunk that holds
+  one SSE event of vLLM's shape (usage on every chunk) into the paced client's callbacks, as its
+  loop does for every read (the recorder's own work left out);
+- `h11_per_chunk_us`: h11 parsing the same chunk (the parser the paced client used before, for
+  comparison);
+- `recorder_per_chunk_us`: servelab's ChunkRecorder (SSE parse, orjson, usage and token
   bookkeeping) on the same event.
 
 Usage: .venv/bin/python benchmarks/dispatcher/parts.py
@@ -21,6 +24,7 @@ import sys
 import time
 
 import h11
+import httptools
 
 from servelab.dispatch.pacer import PacerProcess
 from servelab.dispatch.records import ChunkRecorder, RequestRecord
@@ -74,6 +78,25 @@ def h11_per_chunk() -> dict:
     }
 
 
+def httptools_per_chunk() -> dict:
+    class Sink:  # the callbacks the paced client's connection gives the parser
+        def on_body(self, data: bytes) -> None:
+            self.data = data
+
+    parser = httptools.HttpResponseParser(Sink())
+    parser.feed_data(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    chunk = b"%x\r\n" % len(EVENT) + EVENT + b"\r\n"
+    t0 = time.perf_counter()
+    for _ in range(CHUNKS):
+        parser.feed_data(chunk)
+    return {
+        "measure": "httptools_per_chunk_us",
+        "value": round((time.perf_counter() - t0) / CHUNKS * 1e6, 2),
+    }
+
+
 def recorder_per_chunk() -> dict:
     recorder = ChunkRecorder(RequestRecord("r", 0, "planner", False, CHUNKS))
     events = [  # cumulative usage, as vLLM sends it
@@ -96,6 +119,7 @@ def main() -> None:
     )
     for n in (10, 1000):
         print(json.dumps(pacer_startup(n)), flush=True)
+    print(json.dumps(httptools_per_chunk()), flush=True)
     print(json.dumps(h11_per_chunk()), flush=True)
     print(json.dumps(recorder_per_chunk()), flush=True)
 

@@ -80,6 +80,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("warmup", pa.bool_(), nullable=False),
         pa.field("scheduled_s", pa.float64(), nullable=False),
         pa.field("sent_s", pa.float64()),
+        pa.field("written_s", pa.float64()),
         pa.field("chunk_times_s", pa.list_(pa.float64()), nullable=False),
         pa.field("chunk_tokens", pa.list_(pa.int32()), nullable=False),
         pa.field("prompt_tokens", pa.int32()),
@@ -288,8 +289,16 @@ def write_parquet(
         )
 
 
+# Nullable columns added to a schema after artifacts had been written without them: such an
+# artifact reads with the column all null (requests.parquet's on-wire time came with issue 23).
+ADDED_COLUMNS = frozenset({"written_s"})
+
+
 def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
     """Select and cast `table`'s columns to `schema`, naming `what` in any error."""
+    for field in schema:
+        if field.name in ADDED_COLUMNS and field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise ArtifactError(f"{what}: missing column(s) {', '.join(missing)}")

@@ -13,10 +13,14 @@ from servelab.provenance import git_commit, servelab_version
 __all__ = ["build_run_record", "lag_stats", "run_status"]
 
 
-def lag_stats(requests: pa.Table) -> dict[str, float | None]:
-    """Dispatcher lag (sent_s − scheduled_s) over non-warm-up requests that were sent."""
+def lag_stats(requests: pa.Table, at: str = "sent_s") -> dict[str, float | None]:
+    """Schedule lag (`at` − scheduled_s) over the non-warm-up requests that have an `at` time:
+    `sent_s`, when the dispatcher took the request, or `written_s`, when its last byte was
+    written to the socket (on the wire); a table without the column has no lag at it."""
+    if at not in requests.column_names:
+        return {"median": None, "p99": None, "max": None, "mean": None}
     warm = np.asarray(requests.column("warmup").to_pylist(), dtype=bool)
-    sent = requests.column("sent_s").to_pylist()
+    sent = requests.column(at).to_pylist()
     sched = requests.column("scheduled_s").to_pylist()
     lags = np.array(
         [s - c for s, c, w in zip(sent, sched, warm, strict=True) if not w and s is not None],
@@ -90,6 +94,7 @@ def build_run_record(
         "attempt": int(attempt),
         "node": dict(node),
         "dispatcher_lag_s": lag_stats(requests),
+        "wire_lag_s": lag_stats(requests, "written_s"),
         "servelab_version": servelab_version(),
         "git_commit": git_commit(),
     }

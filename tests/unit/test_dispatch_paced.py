@@ -6,16 +6,25 @@ request larger than the socket buffer, stale keep-alive connections, plain-http 
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from servelab.dispatch import Dispatcher, TimedAction
 from servelab.dispatch import paced as paced_module
-from servelab.dispatch.pacer import PUSH_BATCH, Pacer, PacerProcess
+from servelab.dispatch.pacer import (
+    BACKUP_S,
+    PUSH_BATCH,
+    Pacer,
+    PacerProcess,
+    _recv_fds_nowait,
+)
+from servelab.dispatch.records import RequestSpec
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload.release import TraceRequest
 
@@ -319,3 +328,125 @@ def test_unknown_client_is_refused() -> None:
             prompts={"r000": [1]},
             client="aiohttp",
         )
+
+
+def test_a_backup_sends_only_what_the_stalled_lead_leaves_late() -> None:
+    """The lead stalls in its send of "a"; "b" falls due meanwhile and the backup takes it, once
+    it is BACKUP_S late, not before."""
+    t0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    sent: dict[str, tuple[float, str]] = {}
+    release = threading.Event()
+    done = threading.Event()
+
+    def send(due: float, key: str) -> None:
+        sent[key] = (clock(), threading.current_thread().name)
+        if key == "a":
+            release.wait(5.0)  # a stalled lead
+        if len(sent) == 2:
+            done.set()
+
+    pacer = Pacer(clock, send, on_crash=print, threads=2)
+    pacer.push_many([(0.05, "a"), (0.10, "b")])
+    pacer.start()
+    assert done.wait(5.0)
+    release.set()
+    pacer.stop()
+    at_b, thread_b = sent["b"]
+    assert thread_b != sent["a"][1]  # not the lead, which was still in a's send
+    assert 0.10 + BACKUP_S <= at_b < 0.10 + BACKUP_S + 0.05
+    assert pacer.taken_late == 1
+
+
+def test_the_lead_in_the_calling_thread_waits_through_poll() -> None:
+    """With `poll`, run_lead sends from the calling thread; a push made inside poll re-times it,
+    and a stop made inside poll ends it."""
+    t0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - t0  # noqa: E731
+    sent: list[tuple[str, float, float, str]] = []
+    polls: list[float | None] = []
+
+    def poll(timeout: float | None) -> None:
+        polls.append(timeout)
+        if len(polls) == 1:
+            pacer.push_many([(0.03, "early")])  # a message arrives while waiting for "late"
+        elif len(sent) == 2:
+            pacer.stop()
+        else:
+            time.sleep(min(timeout or 0.01, 0.01))
+
+    def send(due: float, key: str) -> None:
+        sent.append((key, due, clock(), threading.current_thread().name))
+
+    pacer = Pacer(clock, send, on_crash=print, threads=1, poll=poll)
+    pacer.push_many([(0.2, "late")])
+    pacer.start()  # no thread: the lead is the caller
+    pacer.run_lead()
+    assert [k for k, *_ in sent] == ["early", "late"]
+    assert all(at >= due for _, due, at, _ in sent)
+    assert {name for *_, name in sent} == {threading.current_thread().name}
+    assert polls[0] is not None and polls[0] > 0.1  # it waited for "late" before the push
+
+
+def test_recv_fds_nowait_does_not_block() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        with pytest.raises(BlockingIOError):
+            _recv_fds_nowait(a)
+        r, w = socket.socketpair()
+        with r, w:
+            socket.send_fds(b, [b"idle"], [r.fileno()])
+            data, fds = _recv_fds_nowait(a)
+        assert data == b"idle" and len(fds) == 1
+        os.close(fds[0])
+
+
+def test_every_request_carries_its_id_and_its_wire_time() -> None:
+    """Both clients: the server sees each request's trace id in X-Request-Id (warm-ups too); each
+    record's written_s follows its sent_s, and the server read the request after it was taken and
+    close to when it was written (on loopback `send` may return after the server has read it)."""
+    for client in ("paced", "httpx"):
+        with sim_server() as srv:
+            trace = [TraceRequest(f"r{i}", i, "planner", 0.01 * i, (), 0.0, 4) for i in range(8)]
+            warm = [RequestSpec("warmup-00", -1, "warmup", True, 4, [1, 2, 3])]
+            result = Dispatcher(
+                base_url=srv.base_url,
+                model="m",
+                trace=trace,
+                prompts={r.request_id: [1, 2, 3] for r in trace},
+                warmup=warm,
+                request_timeout_s=10,
+                client=client,
+                count_tokens=lambda texts: [1] * len(texts),
+            ).run()
+            arrivals = srv.call(lambda server: dict(server.arrivals))
+        ids = [r.request_id for r in result.records]
+        assert sorted(arrivals) == sorted(ids), client
+        for rec in result.records:
+            assert rec.status == "ok", (client, rec.error)
+            read = arrivals[rec.request_id] - result.clock_origin_s
+            assert rec.sent_s <= rec.written_s and rec.sent_s <= read, (client, rec)
+            assert abs(rec.written_s - read) < 0.05, (client, rec)
+
+
+def test_chunk_times_are_the_kernels_not_when_the_loop_read_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two streams 30 ms apart from a 100 ms engine, with reads batched at most every 60 ms
+    (COALESCE_S raised from 1 ms): the loop reads many chunks 30-60 ms after they came, yet every
+    chunk's time is when it arrived, so each stream's chunks stay 100 ms apart (to the server's own
+    jitter, a few ms on a busy machine).
+    (A batch window longer than the engine's own interval would read two chunks of one stream at
+    once, under one stamp: hence 1 ms.)"""
+    monkeypatch.setattr(paced_module, "COALESCE_S", 0.06)
+    trace = trace_at([0.0, 0.03], max_tokens=10)
+    server = ServerThread(
+        lambda: SimServer(ConstantModel("vllm", itl_s=0.1), engine="vllm", served_model_name="m")
+    )
+    with server as srv:
+        result = dispatcher(srv.base_url, trace).run()
+    assert all(r.status == "ok" for r in result.records)
+    gaps = np.concatenate([np.diff(r.chunk_times_s[1:]) for r in result.records])
+    assert len(gaps) >= 12
+    # read times would scatter the gaps by the batching's 30-60 ms
+    assert np.abs(gaps - 0.1).max() < 0.015, gaps

@@ -36,6 +36,7 @@ def _table(rows: list[dict]) -> pa.Table:
         cols["warmup"].append(False)
         cols["scheduled_s"].append(r.get("sent", 0.0))
         cols["sent_s"].append(r.get("sent", 0.0))
+        cols["written_s"].append(r.get("sent", 0.0))
         cols["chunk_times_s"].append(times)
         cols["chunk_tokens"].append(r["tokens"])
         cols["prompt_tokens"].append(100)

@@ -65,7 +65,7 @@ def requests_table(rows: Sequence[Mapping[str, Any]], run_id: str) -> pa.Table:
     """A REQUESTS_SCHEMA table from per-request dicts (tests' hand-built fixtures).
 
     Keys: request_id, graph_id, role, chunk_times_s, and optionally warmup (False), scheduled_s
-    (= sent_s), sent_s (0.0), chunk_tokens (one token per chunk), prompt_tokens (100),
+    (= sent_s), sent_s (0.0), written_s (= sent_s), chunk_tokens (one token per chunk), prompt_tokens (100),
     output_tokens (sum of chunk_tokens; pass None for "not reported"), max_tokens (128),
     status ("ok"), error (None).
     """
@@ -81,6 +81,7 @@ def requests_table(rows: Sequence[Mapping[str, Any]], run_id: str) -> pa.Table:
         cols["warmup"].append(row.get("warmup", False))
         cols["scheduled_s"].append(row.get("scheduled_s", sent if sent is not None else 0.0))
         cols["sent_s"].append(sent)
+        cols["written_s"].append(row.get("written_s", sent))
         cols["chunk_times_s"].append(times)
         cols["chunk_tokens"].append(tokens)
         cols["prompt_tokens"].append(row.get("prompt_tokens", 100))
@@ -396,6 +397,7 @@ def write_synthetic_run(
             "warmup": pa.array(warm),
             "scheduled_s": pa.array(sched),
             "sent_s": pa.array(sent),
+            "written_s": pa.array(sent),
             "chunk_times_s": chunk_times,
             "chunk_tokens": chunk_tokens,
             "prompt_tokens": pa.array(np.full(n, prompt_tokens + 1, dtype=np.int32)),

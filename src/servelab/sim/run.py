@@ -223,6 +223,8 @@ def _requests_table(run_id: str, outcome: RunOutcome) -> pa.Table:
             "warmup": pa.array([r.warmup for r in recs], type=pa.bool_()),
             "scheduled_s": pa.array([r.scheduled_s for r in recs], type=pa.float64()),
             "sent_s": pa.array([r.sent_s for r in recs], type=pa.float64()),
+            # in virtual time the request reaches the engine the moment it is sent
+            "written_s": pa.array([r.sent_s for r in recs], type=pa.float64()),
             "chunk_times_s": pa.ListArray.from_arrays(
                 offsets, pa.array(times.astype(np.float64), type=pa.float64())
             ),

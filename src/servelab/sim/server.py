@@ -21,7 +21,9 @@ encoding); no web framework. Endpoints, imitating vLLM 0.6.3 and SGLang 0.4.1
   under the engine's own metric names, label `model_name`).
 - `GET /servelab/instance`: this process's identity (instance id, node id, pid), for node
   identity and reclamation detection; `GET /servelab/stats`: engine-loop timing (the achieved
-  interval between back-to-back iterations: the true inter-token latency of a ConstantModel).
+  interval between back-to-back iterations: the true inter-token latency of a ConstantModel);
+  `GET /servelab/arrivals`: each request's X-Request-Id and when its last byte was read
+  (`time.perf_counter()`, CLOCK_MONOTONIC, which every process on the machine shares).
 
 Fault injection (for the dispatcher's fault tests and the local backend): crash at a time, HTTP 500
 with a probability, a stalled engine from a time on, a malformed SSE chunk or a connection reset
@@ -68,6 +70,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MAX_BODY = 64 * 1024 * 1024
+_MAX_ARRIVALS = 1_000_000  # a server up for days keeps at most this many (about 100 MB)
 _RESYNC_S = 0.05  # an engine loop further behind its plan than this restarts from "now"
 _SERVER_HEADER = b"uvicorn"  # both engines' OpenAI servers run on uvicorn
 
@@ -332,6 +335,9 @@ class SimServer:
         self.busy_intervals = 0
         self.busy_interval_s = 0.0
         self.requests_total = 0
+        # X-Request-Id -> when the request's last byte had been read (time.perf_counter(), the
+        # machine's CLOCK_MONOTONIC): the dispatcher's lag as the server sees it (benchmarks)
+        self.arrivals: dict[str, float] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -498,6 +504,8 @@ class SimServer:
                 if len(body) > _MAX_BODY:
                     raise h11.RemoteProtocolError("request body too large")
             elif isinstance(event, h11.EndOfMessage):
+                if request is not None:
+                    self._note_arrival(request)
                 return request, bytes(body)
             elif isinstance(event, h11.ConnectionClosed):
                 return None, b""
@@ -531,6 +539,8 @@ class SimServer:
                 self._respond_json(conn, writer, 200, self.identity())
             elif target == "/servelab/stats":
                 self._respond_json(conn, writer, 200, self.stats())
+            elif target == "/servelab/arrivals":
+                self._respond_json(conn, writer, 200, self.arrivals)
             else:
                 raise _HttpError(404, f"no route {target}", "NotFoundError")
         except _HttpError as exc:
@@ -546,6 +556,13 @@ class SimServer:
                         "code": exc.status,
                     },
                 )
+
+    def _note_arrival(self, request: h11.Request) -> None:
+        for name, value in request.headers:
+            if name == b"x-request-id":
+                if len(self.arrivals) < _MAX_ARRIVALS:
+                    self.arrivals[value.decode("latin-1")] = time.perf_counter()
+                return
 
     def identity(self) -> dict[str, Any]:
         return {
