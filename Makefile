@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test test-fast lint format all clean-results llama-server llamacpp verify
+.PHONY: table5 test test-fast lint format all clean-results llama-server llamacpp verify figures
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -29,14 +29,20 @@ llamacpp: llama-server
 	$(BIN)/servelab table show results/table5.csv
 
 # The whole suite, on two parallel workers (tests/conftest.py gives each folder its tier and starts
-# the slowest first); the 25 slowest steps are printed at the end.
+# the slowest first; tests marked with one xdist_group share a worker, so none waits for another's
+# session campaign); the 25 slowest steps are printed at the end.
 PYTEST_WORKERS ?= 2
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # The unit tier only: no llama-server, Prometheus or engine, no Snakemake run (about a minute).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m unit tests
+
+# The figures README.md and docs/ quote (docs/benchmarks/figures.md): the cheap ones measured again
+# (about 3 minutes on 2 cores) and compared, each within its tolerance; exit 1 names a miss.
+figures: $(STAMP)
+	$(BIN)/python benchmarks/figures.py
 
 # What CI checks before the tests: lint and formatting of the Python code, then of the workflow.
 LINT_PATHS := src tests workflow benchmarks

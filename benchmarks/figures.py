@@ -56,6 +56,12 @@ SOURCES: dict[str, tuple[Command, ...]] = {
                 "--keep", "{tmp}/work")),
         ("{tmp}/work", (PY, str(REPO / "benchmarks/bundle.py"), "--results", "results",
                         "--config", "config/config.yaml", "--json")),
+        (None, (PY, "benchmarks/sim_grid.py", "--traces", "{tmp}/work/results/traces",
+                "--jobs", "1", "--json")),
+    ),
+    "make-table5-clean": (
+        (None, (PY, "benchmarks/command_wall.py", "--", "bash", "-c",
+                "git clone -q . {tmp}/clone && make -C {tmp}/clone table5")),
     ),
     "test-fast": ((None, (PY, "benchmarks/command_wall.py", "--", "make", "test-fast")),),
     "llama-server-build": (
@@ -145,9 +151,10 @@ def parse_registry(text: str) -> list[Figure]:
 
 
 def run_source(
-    name: str, runner: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+    name: str, runner: Callable[..., subprocess.CompletedProcess[str]] | None = None
 ) -> dict[str, float]:
     """Run a source's commands; their last-line JSON objects, merged."""
+    runner = runner or subprocess.run
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix=f"servelab-figures-{name}-") as tmp:
         for folder, command in SOURCES[name]:

@@ -127,3 +127,28 @@ def shared_campaign(
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
     return Workdir(shared(factory, name, build), config, write=False)
+
+
+def llamacpp_campaign(factory: pytest.TempPathFactory) -> Path:
+    """`snakemake --cores 1 results/table5.csv --configfile config/llamacpp.yaml`, exactly as
+    documented, in a scratch folder (the real llama-server and Prometheus), once per session:
+    read it, or copy it to change it. Asserts the workflow left no server running."""
+    from servelab.deploy.local import _alive, _read_state, _server_marker
+
+    def build(folder: Path) -> None:
+        (folder / "config").mkdir()
+        for name in ("config.yaml", "llamacpp.yaml"):
+            shutil.copy(REPO / "config" / name, folder / "config" / name)
+        done = Workdir(folder, {}, write=False).snakemake(
+            "results/table5.csv", "--configfile", "config/llamacpp.yaml", timeout=CAMPAIGN_TIMEOUT_S
+        )
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        # the workflow's onsuccess stops what the local backend started; check it did
+        left = [
+            p
+            for p in (folder / "results" / "deployments").glob("*/local.json")
+            if _alive(_read_state(p)["pid"], _server_marker(_read_state(p)))
+        ]
+        assert not left, f"servers left running: {left}"
+
+    return shared(factory, "llamacpp", build)

@@ -329,7 +329,7 @@ def main() -> None:
     ap.add_argument("--itl-ms", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=1, help="dispatch processes")
     ap.add_argument("--client", default="paced", choices=CLIENTS, help="dispatch.client")
-    ap.add_argument("--search", action="store_true", help="find the highest rate within 10% ITL")
+    ap.add_argument("--search", action="store_true", help="find the highest rate within 10%% ITL")
     ap.add_argument("--port", type=int, default=18931)
     ap.add_argument(
         "--capture", action="store_true", help="also time each request on the wire (dumpcap)"

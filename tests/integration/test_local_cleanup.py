@@ -130,13 +130,14 @@ def test_all_succeeds_and_leaves_no_process(tmp_path: Path) -> None:
 
 
 def test_a_workflow_that_fails_leaves_no_process(tmp_path: Path) -> None:
-    """table5 with an arm its engine does not resolve: the first deployment is refused after its
-    server was started (the gate reads the running server's log)."""
+    """table5 with an arm neither engine resolves: each deployment is refused after its server
+    was started (the gate reads the running server's log), so no run is measured."""
     config = small_local_config()
-    config["arms"]["defaults"]["engines"]["vllm"]["expect"] = {
-        "chunked_prefill": True,
-        "chunk_size": 512,
-    }
+    for engine in ("vllm", "sglang"):
+        config["arms"]["defaults"]["engines"][engine]["expect"] = {
+            "chunked_prefill": True,
+            "chunk_size": 512,
+        }
     work = Workdir(tmp_path, config)
     code, output = finish(start(work, "results/table5.csv"))
     assert code != 0

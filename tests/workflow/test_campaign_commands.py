@@ -8,8 +8,9 @@ moves one aside so that `status` then says `missing`.
 
 The tiny campaign is one block (the grid's first arm, engine and condition, its repetitions) with
 every condition shortened (condition names do not change: arms refer to them). It runs on the
-config's own backend where this machine has it: the sim, or the local backend with the real
-llama-server and Prometheus. The kubernetes config has no cluster here: its campaign runs on the sim
+config's own backend where this machine has it: the sim, or, for config/llamacpp.yaml (itself a
+tiny campaign), the session's run of it on the local backend with the real llama-server and
+Prometheus (tests/campaigns.py). The kubernetes config has no cluster here: its campaign runs on the sim
 (the tiny overlay says `backend: sim`), and its commands read the config as shipped plus the same
 overlay.
 """
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from campaigns import Workdir
+from campaigns import Workdir, llamacpp_campaign
 
 from servelab.campaign_status import target_runs
 from servelab.config import load_config
@@ -55,8 +56,13 @@ def shipped_configs() -> list[str]:
     return sorted(p.name for p in (REPO / "config").glob("*.yaml") if p.name != "schema.yaml")
 
 
+# Shipped configs whose tiny campaign is a session campaign another test makes anyway.
+ELSEWHERE = {"llamacpp.yaml": "test_campaign_commands_read_the_llamacpp_campaign"}
+
+
 def test_every_shipped_config_is_checked() -> None:
     assert sorted(CONFIGFILES) == shipped_configs()
+    assert all(name in globals() for name in ELSEWHERE.values())
 
 
 def tiny_duration_s(duration_s: float, rate: float) -> float:
@@ -95,16 +101,50 @@ def status_states(work: Path, files: list[str]) -> dict[str, str]:
         return {row["run_id"]: row["state"] for row in csv.DictReader(handle)}
 
 
-@pytest.fixture
-def config_name(request: pytest.FixtureRequest) -> str:
-    name = request.param
-    if name == "llamacpp.yaml":  # its own backend: the real engine and a real Prometheus
-        request.getfixturevalue("llama_server_program")
-        request.getfixturevalue("prometheus_program")
-    return name
+def check_campaign_commands(
+    work: Path, files: list[str], config: dict[str, Any], measured: list[str]
+) -> None:
+    """status says `measured` done and every other run missing; plan has the rest to measure;
+    redo moves the first measured run aside, and status then says it is missing."""
+    every = [run.id for run in target_runs(config, "all")]
+    assert set(measured) <= set(every)
+    states = status_states(work, files)
+    assert list(states) == every
+    assert {run_id: states[run_id] for run_id in measured} == dict.fromkeys(measured, "done")
+    assert set(states.values()) - {"done"} <= {"missing"}
+    assert sum(s == "done" for s in states.values()) == len(measured)
+
+    plan = servelab(work, "campaign", "plan", "--target", "all", "--configfile", *files)
+    counts = re.search(r"(\d+) of its (\d+) runs to measure", plan.stdout)
+    assert counts, plan.stdout
+    assert (int(counts[1]), int(counts[2])) == (len(every) - len(measured), len(every))
+    assert f"backend {config['backend']}" in plan.stdout
+
+    redo = servelab(
+        work, "campaign", "redo", measured[0], "--why", "a test", "--configfile", *files
+    )
+    assert redo.stdout.startswith(f"{measured[0]}: moved ")
+    assert list((work / "results" / "redone" / measured[0]).glob("*/reason.json"))
+    states = status_states(work, files)
+    assert (states[measured[0]], states[measured[1]]) == ("missing", "done")
 
 
-@pytest.mark.parametrize("config_name", list(CONFIGFILES), indirect=True)
+@pytest.mark.xdist_group("llamacpp")  # the worker that makes the campaign reads it
+def test_campaign_commands_read_the_llamacpp_campaign(
+    llama_server_program: str, prometheus_program: str, tmp_path_factory, tmp_path: Path
+) -> None:
+    """config/llamacpp.yaml is itself a tiny campaign (one short condition, two repetitions): the
+    session's run of it, exactly as documented (tests/campaigns.py), read on a copy."""
+    del llama_server_program, prometheus_program
+    work = Workdir(llamacpp_campaign(tmp_path_factory), {}, write=False).copy_to(tmp_path / "w")
+    files = ["config/llamacpp.yaml"]
+    config = load_config(work.path / "config" / "config.yaml", [work.path / f for f in files])
+    measured = [run.id for run in target_runs(config, "table5")]
+    assert len(measured) == 4  # both arms, two repetitions
+    check_campaign_commands(work.path, files, config, measured)
+
+
+@pytest.mark.parametrize("config_name", [c for c in CONFIGFILES if c not in ELSEWHERE])
 def test_campaign_commands_read_what_a_tiny_campaign_of_the_config_measured(
     config_name: str, tmp_path: Path
 ) -> None:
@@ -135,25 +175,4 @@ def test_campaign_commands_read_what_a_tiny_campaign_of_the_config_measured(
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
-    # status: the block done, every other run of the grid missing
-    states = status_states(tmp_path, files)
-    assert list(states) == every
-    assert {run_id: states[run_id] for run_id in block} == dict.fromkeys(block, "done")
-    assert set(states.values()) - {"done"} <= {"missing"}
-    assert sum(s == "done" for s in states.values()) == len(block)
-
-    # plan: every run of the grid but the block is still to measure
-    plan = servelab(tmp_path, "campaign", "plan", "--target", "all", "--configfile", *files)
-    counts = re.search(r"(\d+) of its (\d+) runs to measure", plan.stdout)
-    assert counts, plan.stdout
-    assert (int(counts[1]), int(counts[2])) == (len(every) - len(block), len(every))
-    assert f"backend {config['backend']}" in plan.stdout
-
-    # redo: the first run moved aside (never deleted), then missing
-    redo = servelab(
-        tmp_path, "campaign", "redo", block[0], "--why", "a test", "--configfile", *files
-    )
-    assert redo.stdout.startswith(f"{block[0]}: moved ")
-    assert list((tmp_path / "results" / "redone" / block[0]).glob("*/reason.json"))
-    states = status_states(tmp_path, files)
-    assert (states[block[0]], states[block[1]]) == ("missing", "done")
+    check_campaign_commands(tmp_path, files, config, block)
