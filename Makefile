@@ -20,7 +20,7 @@ all: $(STAMP)
 # is instant), and the tiny offline model it serves.
 llama-server: $(STAMP)
 	PYTHON=$(BIN)/python tools/build-llama-server.sh
-	$(BIN)/python -c 'import sys; from servelab.deploy.tiny_gguf import main; sys.exit(main())'
+	$(BIN)/python -c 'import sys; from servelab.deploy.tiny_model import main; sys.exit(main())'
 
 # The study's protocol on that real engine (local backend, real Prometheus): Table 5 is its arm
 # effect. Writes results/ like `make table5`: run it in a clean results/ (make clean-results).

@@ -49,7 +49,7 @@ from servelab.deploy.llama_server import (
     llama_server_binary,
     server_command,
 )
-from servelab.deploy.tiny_gguf import ensure_tiny_model
+from servelab.deploy.tiny_model import ensure_tiny_model
 from servelab.dispatch.client import Dispatcher, pool_size
 from servelab.dispatch.run import requests_table, served_model, tokenizer_counter
 from servelab.workload import warmup_prompts

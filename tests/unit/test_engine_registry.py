@@ -166,7 +166,7 @@ def toy() -> Iterator[EngineSpec]:
 def test_registry_lists_the_built_in_engines_in_order() -> None:
     # the study's two, llama.cpp (real only: the sim backend does not run it), then the current
     # releases' families
-    assert engine_names() == ("vllm", "sglang", "llamacpp", "vllm_v1", "sglang_v05")
+    assert engine_names() == ("vllm", "sglang", "vllm_v1", "sglang_v05", "llamacpp")
 
 
 def test_registered_engine_is_listed_then_removed() -> None:

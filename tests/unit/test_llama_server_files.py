@@ -9,7 +9,7 @@ import gguf
 import transformers
 
 from servelab.deploy.llama_server import file_sha256, server_command
-from servelab.deploy.tiny_gguf import BOS_TOKEN_ID, TinyModelSpec, _vocabulary, write_tiny_model
+from servelab.deploy.tiny_model import BOS_TOKEN_ID, TinyModelSpec, _vocabulary, write_tiny_model
 from servelab.workload.tokenizer import default_tokenizer_file
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from servelab.deploy.tiny_gguf import TinyModelSpec
+from servelab.deploy.tiny_model import TinyModelSpec
 from servelab.engines import (
     ENGINE_METRICS,
     METRIC_MAP,
@@ -68,7 +68,7 @@ def _resolve(flags: list[str]) -> Any:
 
 
 def test_registered_third_with_its_entrypoint_and_no_simulated_log() -> None:
-    assert engine_names()[:3] == ("vllm", "sglang", "llamacpp")
+    assert engine_names() == ("vllm", "sglang", "vllm_v1", "sglang_v05", "llamacpp")
     spec = engine_spec("llamacpp")
     assert spec.entrypoint == ("llama-server",)
     assert spec.stream_interval == 1

@@ -67,8 +67,28 @@ def _gap_point(an: Analysis, arm: str, condition: str, metric: str) -> dict[str,
 
 
 def figure1(an: Analysis) -> dict[str, Any]:
-    """Decomposition: Table 5's gaps, defaults against matched, with φ (none for one engine)."""
+    """Decomposition: Table 5's gaps, defaults against matched, with φ; for one engine, Table 5's
+    arm effect (matched ÷ defaults) at the same conditions."""
     rows: list[dict[str, Any]] = []
+    if len(an.engines) == 1:
+        for row in an.arm_effect_rows(table5_keys(an.table_conditions)):
+            rows.append(
+                {
+                    "condition": row["condition"],
+                    "metric": row["metric"],
+                    "change": {
+                        "gap": row["change"],
+                        "ci_low": row["ci_low"],
+                        "ci_high": row["ci_high"],
+                        "p": row["p"],
+                        "significant": bool(
+                            np.isfinite(float(row["p"])) and float(row["p"]) < 0.05
+                        ),
+                        "n": row["n"],
+                    },
+                }
+            )
+        return {"mode": "arm_effect", "engines": list(an.engines), "rows": rows}
     keys = table5_keys(an.table_conditions) if len(an.engines) == 2 else ()
     for row in an.table5_rows(keys):
         d = an.gap("defaults", str(row["condition"]), str(row["metric"])).gap
@@ -96,7 +116,7 @@ def figure1(an: Analysis) -> dict[str, Any]:
                 "removed_fraction": row["removed_fraction"],
             }
         )
-    return {"rows": rows, "phi_guard": an.phi_guard}
+    return {"mode": "gap", "engines": list(an.engines), "rows": rows, "phi_guard": an.phi_guard}
 
 
 def figure6(an: Analysis) -> dict[str, Any]:
@@ -210,9 +230,10 @@ def figure10(an: Analysis) -> dict[str, Any]:
 
 
 def figure11(an: Analysis) -> dict[str, Any]:
-    """Empirical TTFT distributions pooled over repetitions, for the conditions measured in both arms."""
+    """Empirical TTFT distributions pooled over repetitions, at the campaign's table conditions
+    (the study's: rate-0.12, rate-0.28, length-8192)."""
     panels = []
-    for condition in ("rate-0.12", "rate-0.28", "length-8192"):
+    for condition in an.table_conditions:
         series = {}
         for arm in ARMS:
             for engine in an.engines:

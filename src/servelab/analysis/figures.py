@@ -181,19 +181,27 @@ def _draw_series(
     scale: float = 1.0,
     x: str = "x",
     errors: bool = True,
-) -> None:
+) -> bool:
+    """Draw one series with its intervals; an interval wider than a factor TOO_WIDE is left out.
+    Returns whether one was."""
     pts = [p for p in points if _fin(p.get(y)) and _fin(p.get(x))]
     if not pts:
-        return
+        return False
     xs = np.array([p[x] for p in pts], dtype=float)
     ys = np.array([p[y] for p in pts], dtype=float) * scale
     style = _series_style(key)
     yerr = None
+    wide = False
     if errors and all(_fin(p.get("ci_low")) and _fin(p.get("ci_high")) for p in pts):
-        lo = np.array([p["ci_low"] for p in pts]) * scale
-        hi = np.array([p["ci_high"] for p in pts]) * scale
-        yerr = np.vstack([np.maximum(ys - lo, 0), np.maximum(hi - ys, 0)])
+        lo = np.array([p["ci_low"] for p in pts], dtype=float) * scale
+        hi = np.array([p["ci_high"] for p in pts], dtype=float) * scale
+        shown = np.array([not _too_wide(p) for p in pts])
+        wide = not shown.all()
+        yerr = np.vstack(
+            [np.where(shown, np.maximum(ys - lo, 0), 0), np.where(shown, np.maximum(hi - ys, 0), 0)]
+        )
     ax.errorbar(xs, ys, yerr=yerr, elinewidth=0.8, **style)
+    return wide
 
 
 def _placeholder(ax: Axes, message: str) -> None:
@@ -267,22 +275,34 @@ def _figure1_values(row: Mapping[str, Any]) -> str:
     return f"{gap(row['defaults'])} → {gap(row['matched'])}; {phi}"
 
 
-def draw_figure1(fig: Figure, data: Mapping[str, Any]) -> None:
-    rows = data["rows"]
-    ax = fig.add_subplot(1, 1, 1)
-    if not any(_fin(r["defaults"]["gap"]) or _fin(r["matched"]["gap"]) for r in rows):
-        _placeholder(ax, "Figure 1: no seed-paired runs for the conditions of Table 5")
-        return
-    n = len(rows)
-    ys = np.arange(n)[::-1].astype(float)
-    values = []
+# An interval whose ends are further apart than this factor says nothing a reader can see on the
+# axis (with n = 2 the t quantile is 12.7): it is left out of the figure, and the figure says so.
+TOO_WIDE = 100.0
+
+
+def _too_wide(part: Mapping[str, Any]) -> bool:
+    lo, hi = part.get("ci_low"), part.get("ci_high")
+    return _fin(lo) and _fin(hi) and lo > 0 and hi / lo > TOO_WIDE
+
+
+def _figure1_axis(
+    ax: Axes, rows: Sequence[Mapping[str, Any]], parts: Sequence[tuple[str, bool, float]]
+) -> tuple[np.ndarray, bool]:
+    """Each row's values (filled or open markers, offset by dy) with their intervals on a log x
+    axis around 1; returns the rows' y positions and whether an interval was too wide to draw."""
+    ys = np.arange(len(rows))[::-1].astype(float)
+    values, wide = [], False
     for y, row in zip(ys, rows, strict=True):
-        for part, filled, dy in ((row["defaults"], True, 0.15), (row["matched"], False, -0.15)):
+        for name, filled, dy in parts:
+            part = row[name]
             if not _fin(part["gap"]):
                 continue
-            ends = [v for v in (part["ci_low"], part["ci_high"]) if _fin(v)]
-            values += [part["gap"], *ends]
-            if len(ends) == 2:
+            ends = [v for v in (part["ci_low"], part["ci_high"]) if _fin(v) and v > 0]
+            values.append(part["gap"])
+            if len(ends) == 2 and _too_wide(part):
+                wide = True
+            elif len(ends) == 2:
+                values += ends
                 ax.plot(ends, [y + dy, y + dy], color="#777777", lw=0.9, solid_capstyle="butt")
             ax.plot(
                 part["gap"],
@@ -302,9 +322,54 @@ def draw_figure1(fig: Figure, data: Mapping[str, Any]) -> None:
     ax.set_yticklabels(
         [f"{condition_label(r['condition'])}, {metric_label(r['metric'])}" for r in rows]
     )
-    ax.set_ylim(-0.7, n - 0.3)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.grid(axis="y", visible=False)
-    ax.set_xlabel("engine gap (vLLM ÷ SGLang for latency; SGLang ÷ vLLM for capacity)")
+    return ys, wide
+
+
+def _wide_note(ax: Axes) -> None:
+    ax.text(
+        0.01,
+        0.01,
+        f"an interval wider than a factor {TOO_WIDE:g} is not drawn (too few repetitions)",
+        transform=ax.transAxes,
+        fontsize=7,
+        color="#444444",
+    )
+
+
+def draw_figure1(fig: Figure, data: Mapping[str, Any]) -> None:
+    rows = data["rows"]
+    ax = fig.add_subplot(1, 1, 1)
+    if data.get("mode") == "arm_effect":
+        if not any(_fin(r["change"]["gap"]) for r in rows):
+            _placeholder(ax, "Figure 1: no repetition of the engine measured in both arms")
+            return
+        ys, wide = _figure1_axis(ax, rows, (("change", True, 0.0),))
+        engine = _engine_label(data["engines"][0])
+        ax.set_xlabel(f"{engine}: matched ÷ vendor defaults (latency; capacity the same way)")
+        sec = ax.secondary_yaxis("right")
+        sec.set_yticks(ys)
+        sec.set_yticklabels(
+            [
+                f"{r['change']['gap']:.2f}" + ("*" if r["change"]["significant"] else "")
+                if _fin(r["change"]["gap"])
+                else "—"
+                for r in rows
+            ]
+        )
+        sec.set_ylabel("matched ÷ defaults")
+        sec.tick_params(length=0)
+        if wide:
+            _wide_note(ax)
+        ax.set_title("The arm effect on one engine (* paired p < 0.05)", loc="left")
+        return
+    if not any(_fin(r["defaults"]["gap"]) or _fin(r["matched"]["gap"]) for r in rows):
+        _placeholder(ax, "Figure 1: no seed-paired runs for the conditions of Table 5")
+        return
+    ys, wide = _figure1_axis(ax, rows, (("defaults", True, 0.15), ("matched", False, -0.15)))
+    first, second = (_engine_label(e) for e in data.get("engines", ("vllm", "sglang")))
+    ax.set_xlabel(f"engine gap ({first} ÷ {second} for latency; {second} ÷ {first} for capacity)")
     sec = ax.secondary_yaxis("right")
     sec.set_yticks(ys)
     sec.set_yticklabels([_figure1_values(r) for r in rows])
@@ -313,6 +378,8 @@ def draw_figure1(fig: Figure, data: Mapping[str, Any]) -> None:
     ax.plot([], [], "o", color="#222222", label="vendor defaults")
     ax.plot([], [], "o", color="#222222", markerfacecolor="white", label="matched chunked prefill")
     _legend(ax, loc="lower right")
+    if wide:
+        _wide_note(ax)
     ax.set_title("One setting accounts for most of the gap (* paired p < 0.05)", loc="left")
 
 
@@ -337,12 +404,15 @@ def draw_figure6(fig: Figure, data: Mapping[str, Any]) -> None:
 def draw_figure7(fig: Figure, data: Mapping[str, Any]) -> None:
     left, right = fig.subplots(1, 2)
     if data["tpot_p50"]:
+        wide = False
         for key, pts in _ordered(data["tpot_p50"]):
-            _draw_series(left, key, pts, "gmean", scale=1000.0)
-        left.set_ylim(bottom=0)
+            wide |= _draw_series(left, key, pts, "gmean", scale=1000.0)
+        _log_axis(left)  # a time per token: ratio-scale data
         left.set_xlabel(RATE_LABEL)
         left.set_ylabel("TPOT p50 (ms)")
         _legend(left, loc="lower right")
+        if wide:
+            _wide_note(left)
     else:
         _placeholder(left, "no rate-sweep runs")
     if data["throughput"]:

@@ -3,7 +3,7 @@
 The binary is built from the llama.cpp sources vendored in a pinned llama-cpp-python sdist by
 `tools/build-llama-server.sh` (`make llama-server`), cached under
 `~/.cache/servelab/llama-server/<version>/bin/llama-server`; `SERVELAB_LLAMA_SERVER` names another
-binary. The model is the seeded tiny Llama-3-tokenizer GGUF of `servelab.deploy.tiny_gguf`.
+binary. The model is the seeded tiny Llama-3-tokenizer GGUF of `servelab.deploy.tiny_model`.
 
 Only what a deployment cannot carry in its flags is added here: the model file (a machine-local
 path, so never part of a measurement's identity; its SHA-256 is recorded instead), the address,

