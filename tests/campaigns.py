@@ -11,7 +11,9 @@ Snakemake's own records, so the copy is as complete as the original).
 from __future__ import annotations
 
 import copy
+import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 from filelock import FileLock
+
+from servelab.campaign_status import target_runs
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -152,3 +156,48 @@ def llamacpp_campaign(factory: pytest.TempPathFactory) -> Path:
         assert not left, f"servers left running: {left}"
 
     return shared(factory, "llamacpp", build)
+
+
+# `servelab campaign status|plan|redo` against a campaign a test has made (its copy)
+
+
+def servelab(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(BIN / "servelab"), *args], cwd=work, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"servelab {' '.join(args)}:\n{result.stderr[-3000:]}"
+    return result
+
+
+def status_states(work: Path, files: list[str]) -> dict[str, str]:
+    servelab(work, "campaign", "status", "--configfile", *files, "--csv", "status.csv")
+    with (work / "status.csv").open(newline="") as handle:
+        return {row["run_id"]: row["state"] for row in csv.DictReader(handle)}
+
+
+def check_campaign_commands(
+    work: Path, files: list[str], config: dict[str, Any], measured: list[str]
+) -> None:
+    """status says `measured` done and every other run missing; plan has the rest to measure;
+    redo moves the first measured run aside, and status then says it is missing."""
+    every = [run.id for run in target_runs(config, "all")]
+    assert set(measured) <= set(every)
+    states = status_states(work, files)
+    assert list(states) == every
+    assert {run_id: states[run_id] for run_id in measured} == dict.fromkeys(measured, "done")
+    assert set(states.values()) - {"done"} <= {"missing"}
+    assert sum(s == "done" for s in states.values()) == len(measured)
+
+    plan = servelab(work, "campaign", "plan", "--target", "all", "--configfile", *files)
+    counts = re.search(r"(\d+) of its (\d+) runs to measure", plan.stdout)
+    assert counts, plan.stdout
+    assert (int(counts[1]), int(counts[2])) == (len(every) - len(measured), len(every))
+    assert f"backend {config['backend']}" in plan.stdout
+
+    redo = servelab(
+        work, "campaign", "redo", measured[0], "--why", "a test", "--configfile", *files
+    )
+    assert redo.stdout.startswith(f"{measured[0]}: moved ")
+    assert list((work / "results" / "redone" / measured[0]).glob("*/reason.json"))
+    states = status_states(work, files)
+    assert (states[measured[0]], states[measured[1]]) == ("missing", "done")

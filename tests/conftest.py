@@ -148,6 +148,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: order.get(tier_of(Path(str(item.fspath))) or "", len(order)))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse a pytest/xdist pair that ignores `xdist_group`: pytest-xdist appends the group to
+    each item's id; when a pytest release moves the id, every group is silently ignored, and a
+    module's engine servers start once per worker."""
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers
+        return
+    ungrouped = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if ungrouped:
+        pytest.exit(f"--dist loadgroup did not group {ungrouped[0]}: see pyproject.toml", 4)
+
+
 def skip_notices(skipped: list[pytest.TestReport]) -> list[str]:
     """One line per system tier whose tests were skipped while its program is missing."""
     lines = []

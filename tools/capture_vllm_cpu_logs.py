@@ -7,7 +7,8 @@ For each flag set in CAPTURES it starts vLLM 0.32.0 from the environment `make v
 (`servelab.deploy.tiny_model`), on a free 127.0.0.1 port, with the environment the local backend
 gives it (`vllm_cpu.server_env`: vLLM's own logging with `vllm.engine.arg_utils` at DEBUG), or
 with vLLM's default logging where the capture says so. It saves the output up to and including
-the readiness line (uvicorn's "Application startup complete.") as
+the first readiness line (`servelab.engines.vllm_v1.READY`, where the local backend cuts a
+start-up log too) as
 `tests/data/engine-logs/vllm-cpu-<name>.log` (first line: a `# source:` line naming the release
 and the flags; the rest unchanged: timestamps, pids and the model path included), and its parse as
 `tests/golden/vllm_cpu/<name>.json` (`ParsedLog.to_dict()`). On the METRICS_FROM run it sends two
@@ -21,6 +22,7 @@ leads, after a bounded wait): vLLM's engine core and worker are its children.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -76,7 +78,7 @@ def wait_ready(proc: subprocess.Popen[bytes], out_path: Path, name: str) -> list
     while time.monotonic() < deadline:
         lines = out_path.read_text(encoding="utf-8", errors="replace").splitlines(True)
         for i, line in enumerate(lines):
-            if vllm_v1.READY.search(line) and "Application startup complete" in line:
+            if vllm_v1.READY.search(line):  # as the local backend cuts the start-up log
                 return lines[: i + 1]
         if proc.poll() is not None:
             raise RuntimeError(
@@ -95,10 +97,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=STOP_TIMEOUT_S)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def post_completion(port: int, prompt: str) -> dict[str, object]:
@@ -159,7 +159,11 @@ def capture(python: str, model: Path, name: str, flags: list[str], debug: bool) 
                 start_new_session=True,
             )
         try:
-            lines = wait_ready(proc, out_path, name)
+            try:
+                lines = wait_ready(proc, out_path, name)
+            except RuntimeError:
+                print(out_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+                raise
             log_text = source_line(flags, debug) + "".join(lines)
             (LOGS / f"vllm-cpu-{name}.log").write_text(log_text, encoding="utf-8")
             if name == METRICS_FROM:

@@ -7,6 +7,7 @@ The golden file holds the exact text for a hand-made two-row CSV; regenerate it 
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def table5_csv(tmp_path: Path) -> Path:
 
 
 def test_table5_text_matches_the_golden_file(table5_csv: Path) -> None:
-    text = show.format_table5(show.read_table(table5_csv, tuple(TABLE5_COLUMNS)), "table5.csv")
+    rows = show.read_table(table5_csv, tuple(TABLE5_COLUMNS))
+    text = show.format_table5(rows, "table5.csv", engines=["vllm", "sglang"])
     if os.environ.get("UPDATE_GOLDENS"):
         GOLDEN.write_text(text, encoding="utf-8")
     assert text == GOLDEN.read_text(encoding="utf-8")
@@ -166,3 +168,30 @@ def test_a_line_shorter_than_the_header_is_an_error_not_dashes(tmp_path: Path) -
     path.write_text(",".join(TABLE5_COLUMNS) + "\nrate-0.28,ttft_p50,31.4\n", encoding="utf-8")
     with pytest.raises(show.TableError, match=r"line 2: no cell for column 'defaults_ci_low'"):
         show.show_table(path)
+
+
+def _numbers_beside(table: Path, engines: list[str]) -> None:
+    (table.parent / "numbers.json").write_text(json.dumps({"engines": engines}))
+
+
+@pytest.mark.parametrize(
+    ("engines", "gap", "favours"),
+    [
+        (["vllm", "sglang"], "vLLM ÷ SGLang (latency)", "R̄ > 1 favours SGLang."),
+        (["vllm_v1", "llamacpp"], "vLLM V1 ÷ llama.cpp (latency)", "R̄ > 1 favours llama.cpp."),
+        (["llamacpp", "vllm_v1"], "llama.cpp ÷ vLLM V1 (latency)", "R̄ > 1 favours vLLM V1."),
+    ],
+)
+def test_the_legend_names_the_campaigns_engines_in_gap_order(
+    table5_csv: Path, engines: list[str], gap: str, favours: str
+) -> None:
+    """From numbers.json beside the table (the analysis writes both): its `engines`."""
+    _numbers_beside(table5_csv, engines)
+    text = show.show_table(table5_csv)
+    assert gap in text and favours in text
+
+
+def test_without_numbers_json_the_legend_names_no_engine(table5_csv: Path) -> None:
+    text = show.show_table(table5_csv)
+    assert "the first engine ÷ the second" in text
+    assert "vLLM" not in text and "SGLang" not in text

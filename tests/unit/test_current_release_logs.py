@@ -330,14 +330,18 @@ def test_resolve_config_prints_product_and_family(capsys, tmp_path, name, engine
 
 
 def test_resolve_config_on_an_sglang_log_of_no_known_family(capsys, tmp_path):
+    """Both SGLang families read this excerpt the same way: read with the family left open
+    (tests/unit/test_log_excerpts.py has every kind); named, the family reads it as its own."""
     path = _stripped_copy("sglang-unversioned-20260508-h200-01.log", tmp_path)
-    assert _cli(["resolve-config", path]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "--engine sglang_v05" in captured.err
+    assert _cli(["resolve-config", path]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert (obj["engine"], obj["product"], obj["family"]) == (None, "sglang", None)
+    assert obj["open_families"] == ["sglang", "sglang_v05"]
+    assert (obj["chunk_size"], obj["context_len"], obj["ready"]) == (8192, 1048576, True)
     assert _cli(["resolve-config", "--engine", "sglang_v05", path]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert (obj["engine"], obj["product"], obj["family"]) == ("sglang_v05", "sglang", "0.5")
+    assert "open_families" not in obj
     assert (obj["chunk_size"], obj["context_len"], obj["ready"]) == (8192, 1048576, True)
 
 

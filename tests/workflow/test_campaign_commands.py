@@ -18,8 +18,6 @@ overlay.
 from __future__ import annotations
 
 import copy
-import csv
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from campaigns import Workdir, llamacpp_campaign
+from campaigns import Workdir, check_campaign_commands, llamacpp_campaign
 
 from servelab.campaign_status import target_runs
 from servelab.config import load_config
@@ -43,6 +41,7 @@ CONFIGFILES: dict[str, tuple[str, ...]] = {
     "current.yaml": ("config/current.yaml",),
     "current-h100.yaml": ("config/current.yaml", "config/current-h100.yaml"),
     "llamacpp.yaml": ("config/llamacpp.yaml",),
+    "cpu-pair.yaml": ("config/cpu-pair.yaml",),
     "kubernetes.example.yaml": ("config/kubernetes.example.yaml",),
 }
 # Backends this machine cannot serve, and the one the tiny campaign runs on instead.
@@ -56,13 +55,24 @@ def shipped_configs() -> list[str]:
     return sorted(p.name for p in (REPO / "config").glob("*.yaml") if p.name != "schema.yaml")
 
 
-# Shipped configs whose tiny campaign is a session campaign another test makes anyway.
-ELSEWHERE = {"llamacpp.yaml": "test_campaign_commands_read_the_llamacpp_campaign"}
+# Shipped configs whose tiny campaign is one another test makes anyway: the test that reads it.
+ELSEWHERE = {
+    "llamacpp.yaml": (
+        "tests/workflow/test_campaign_commands.py",
+        "test_campaign_commands_read_the_llamacpp_campaign",
+    ),
+    # config/cpu-pair.yaml needs vLLM on the CPU: read in the engines tier, after its campaign
+    "cpu-pair.yaml": (
+        "tests/engines/test_cpu_pair_campaign.py",
+        "test_campaign_commands_read_the_cpu_pair_campaign",
+    ),
+}
 
 
 def test_every_shipped_config_is_checked() -> None:
     assert sorted(CONFIGFILES) == shipped_configs()
-    assert all(name in globals() for name in ELSEWHERE.values())
+    for path, name in ELSEWHERE.values():
+        assert f"def {name}(" in (REPO / path).read_text(), (path, name)
 
 
 def tiny_duration_s(duration_s: float, rate: float) -> float:
@@ -85,48 +95,6 @@ def tiny_overlay(merged: dict[str, Any]) -> dict[str, Any]:
     if merged["backend"] in STAND_IN_BACKEND:
         overlay["backend"] = STAND_IN_BACKEND[merged["backend"]]
     return overlay
-
-
-def servelab(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(BIN / "servelab"), *args], cwd=work, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, f"servelab {' '.join(args)}:\n{result.stderr[-3000:]}"
-    return result
-
-
-def status_states(work: Path, files: list[str]) -> dict[str, str]:
-    servelab(work, "campaign", "status", "--configfile", *files, "--csv", "status.csv")
-    with (work / "status.csv").open(newline="") as handle:
-        return {row["run_id"]: row["state"] for row in csv.DictReader(handle)}
-
-
-def check_campaign_commands(
-    work: Path, files: list[str], config: dict[str, Any], measured: list[str]
-) -> None:
-    """status says `measured` done and every other run missing; plan has the rest to measure;
-    redo moves the first measured run aside, and status then says it is missing."""
-    every = [run.id for run in target_runs(config, "all")]
-    assert set(measured) <= set(every)
-    states = status_states(work, files)
-    assert list(states) == every
-    assert {run_id: states[run_id] for run_id in measured} == dict.fromkeys(measured, "done")
-    assert set(states.values()) - {"done"} <= {"missing"}
-    assert sum(s == "done" for s in states.values()) == len(measured)
-
-    plan = servelab(work, "campaign", "plan", "--target", "all", "--configfile", *files)
-    counts = re.search(r"(\d+) of its (\d+) runs to measure", plan.stdout)
-    assert counts, plan.stdout
-    assert (int(counts[1]), int(counts[2])) == (len(every) - len(measured), len(every))
-    assert f"backend {config['backend']}" in plan.stdout
-
-    redo = servelab(
-        work, "campaign", "redo", measured[0], "--why", "a test", "--configfile", *files
-    )
-    assert redo.stdout.startswith(f"{measured[0]}: moved ")
-    assert list((work / "results" / "redone" / measured[0]).glob("*/reason.json"))
-    states = status_states(work, files)
-    assert (states[measured[0]], states[measured[1]]) == ("missing", "done")
 
 
 @pytest.mark.xdist_group("llamacpp")  # the worker that makes the campaign reads it

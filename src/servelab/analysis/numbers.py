@@ -143,6 +143,8 @@ def build_numbers(an: Analysis) -> dict[str, Any]:
     lag_max = [r.metrics.lag_max for r in runs if math.isfinite(r.metrics.lag_max)]
     numbers = {
         "format": NUMBERS_FORMAT,
+        # the campaign's engines in gap order: latency gaps are the first ÷ the second
+        "engines": list(an.engines),
         "parameters": {
             "keeps_pace": an.keeps_pace,
             "phi_guard": an.phi_guard,

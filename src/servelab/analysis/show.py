@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servelab.analysis.tables import TABLE5_ARM_EFFECT_COLUMNS, TABLE5_COLUMNS
+from servelab.engines.registry import engine_names, engine_spec
 
 __all__ = [
     "DASH",
@@ -46,9 +48,13 @@ TITLE = (
     "Table 5. The decomposition: engine gap R̄ under vendor defaults and with chunked prefill",
     "matched, and the fraction φ of the gap that matching removed.",
 )
+# The engines' names come from numbers.json beside the table (its `engines`, in gap order);
+# without it, the legend names them by position.
+GAP_LEGEND = (
+    "R̄: geometric mean over seed-paired repetitions of {first} ÷ {second} (latency) or",
+    "  {second} ÷ {first} (throughput); R̄ > 1 favours {second}.",
+)
 LEGEND = (
-    "R̄: geometric mean over seed-paired repetitions of vLLM ÷ SGLang (latency) or",
-    "  SGLang ÷ vLLM (throughput); R̄ > 1 favours SGLang.",
     "95% interval: exp(mean ln R ± t₀.₉₇₅,ₙ₋₁ · s/√n).",
     "Stars: two-sided paired t-test on log values, * p < 0.05, ** p < 0.01, *** p < 0.001.",
     "φ: removed fraction ln(R̄_def / R̄_mat) / ln R̄_def; above 100%, matching reversed the gap.",
@@ -191,11 +197,27 @@ def _table5_cells(row: Mapping[str, str | None], where: str) -> list[str]:
     return cells
 
 
-def format_table5(rows: Sequence[Mapping[str, str | None]], source: str) -> str:
-    """Table 5 as text: title, the fixed-width table, its legend and the file it was read from."""
+def gap_legend(engines: Sequence[str] | None) -> tuple[str, ...]:
+    """The legend's first lines: the gap's direction, by the engines' names (registry titles)
+    when known, else by position in the campaign's `engines` (numbers.json names them)."""
+    if engines is not None and len(engines) == 2:
+        first, second = (engine_spec(e).title if e in engine_names() else e for e in engines)
+        return tuple(line.format(first=first, second=second) for line in GAP_LEGEND)
+    return (
+        "R̄: geometric mean over seed-paired repetitions of the first engine ÷ the second",
+        "  (latency) or the second ÷ the first (throughput), in the campaign's `engines` order;",
+        "  R̄ > 1 favours the second. numbers.json beside the table names them.",
+    )
+
+
+def format_table5(
+    rows: Sequence[Mapping[str, str | None]], source: str, engines: Sequence[str] | None = None
+) -> str:
+    """Table 5 as text: title, the fixed-width table, its legend (naming `engines`, the gap's
+    numerator first, when given) and the file it was read from."""
     body = [_table5_cells(row, f"{source}, line {i}") for i, row in enumerate(rows, start=2)]
     table = fixed_width(TABLE5_LAYOUT, body, TABLE5_GROUPS)
-    lines = [*TITLE, "", *table, "", *LEGEND, f"Read from {source}."]
+    lines = [*TITLE, "", *table, "", *gap_legend(engines), *LEGEND, f"Read from {source}."]
     return "\n".join(lines) + "\n"
 
 
@@ -274,7 +296,19 @@ def show_table(path: Path) -> str:
     campaign's table, recognised by its `engine` column) the arm effect."""
     if _header(path)[:3] == list(TABLE5_ARM_EFFECT_COLUMNS)[:3]:
         return format_arm_effect(read_table(path, tuple(TABLE5_ARM_EFFECT_COLUMNS)), str(path))
-    return format_table5(read_table(path, tuple(TABLE5_COLUMNS)), str(path))
+    return format_table5(
+        read_table(path, tuple(TABLE5_COLUMNS)), str(path), engines=_campaign_engines(path)
+    )
+
+
+def _campaign_engines(table: Path) -> list[str] | None:
+    """The engines in gap order, from the numbers.json the analysis wrote beside the table."""
+    try:
+        numbers = json.loads((table.parent / "numbers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    engines = numbers.get("engines") if isinstance(numbers, dict) else None
+    return [str(e) for e in engines] if isinstance(engines, list) else None
 
 
 def _header(path: Path) -> list[str]:

@@ -144,11 +144,46 @@ def _spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None)
     return proc.pid
 
 
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of the process group a server led, and wait (bounded) until it is
+    gone. The server was started as a session of its own, so the group's id is its pid, and Linux
+    gives no new process a pid that is still a live group's id: only what that server started
+    (vLLM's engine core and worker) is in it, even after the server itself has died."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    for _ in range(100):  # bounded: 5 s
+        if not group_members(pgid):
+            return
+        time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`: zombies (dead, waiting for a parent to reap
+    them, which an init that does not reap never does) are not counted."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
 def _terminate(pid: int | None, marker: str, *, kill: bool = False) -> bool:
-    """Stop `pid` (SIGTERM, then SIGKILL after STOP_TIMEOUT_S; SIGKILL at once with `kill`)."""
+    """Stop `pid` (SIGTERM, then SIGKILL after STOP_TIMEOUT_S; SIGKILL at once with `kill`), then
+    what is left of its process group; False when the server was not running (its group, if any
+    is left, is stopped all the same)."""
     if not _alive(pid, marker):
+        # the server died on its own (a crash, a kill): its orphans keep its group, whose id no
+        # new process can take while they live. A live process under that pid is another's.
+        if pid and not Path(f"/proc/{pid}").exists():
+            _kill_group(pid)
         return False
-    assert pid is not None
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -164,10 +199,7 @@ def _terminate(pid: int | None, marker: str, *, kill: bool = False) -> bool:
                 break
             time.sleep(0.05)
     _reap(pid)
-    # what the server started stays in the process group it leads (it was started as a session
-    # of its own, so the group's id is its pid): vLLM's engine core and worker
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    _kill_group(pid)
     return True
 
 

