@@ -73,6 +73,16 @@ SOURCES: dict[str, tuple[Command, ...]] = {
                 "--configfile", "config/capacity.yaml", "--keep", "{tmp}/work")),
         (None, (PY, "benchmarks/capacity_brackets.py", "--results", "{tmp}/work/results")),
     ),
+    "vllm-cpu-build": (
+        (None, (PY, "benchmarks/command_wall.py", "--env", "XDG_CACHE_HOME={tmp}", "--",
+                "tools/build-vllm-cpu.sh")),
+    ),
+    "cpu-pair": (
+        (None, (PY, "benchmarks/table5_wall.py", "--json", "--configfile", "config/cpu-pair.yaml")),
+    ),
+    "cpu-pair-engines": (
+        (None, (PY, "benchmarks/cpu_pair_engines.py", "--json", "--out", "{tmp}/out")),
+    ),
 }  # fmt: skip
 
 

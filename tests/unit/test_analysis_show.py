@@ -195,3 +195,13 @@ def test_without_numbers_json_the_legend_names_no_engine(table5_csv: Path) -> No
     text = show.show_table(table5_csv)
     assert "the first engine ÷ the second" in text
     assert "vLLM" not in text and "SGLang" not in text
+
+
+def test_without_numbers_json_the_engines_are_those_whose_runs_lie_beside_it(
+    table5_csv: Path,
+) -> None:
+    """`snakemake results/table5.csv` writes no numbers.json: the run folders name the engines,
+    in registry order (the analysis's gap order)."""
+    for arm, engine in (("defaults", "llamacpp"), ("matched", "vllm_v1"), ("defaults", "vllm_v1")):
+        (table5_csv.parent / "runs" / arm / engine).mkdir(parents=True, exist_ok=True)
+    assert "vLLM V1 ÷ llama.cpp (latency)" in show.show_table(table5_csv)

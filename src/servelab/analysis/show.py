@@ -302,13 +302,19 @@ def show_table(path: Path) -> str:
 
 
 def _campaign_engines(table: Path) -> list[str] | None:
-    """The engines in gap order, from the numbers.json the analysis wrote beside the table."""
+    """The engines in gap order: numbers.json's `engines` beside the table when the analysis
+    wrote it; else the engines whose runs lie beside it (`runs/{arm}/{engine}/`), in registry
+    order, as the analysis orders them (`servelab.config.analysis_settings`)."""
     try:
         numbers = json.loads((table.parent / "numbers.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        numbers = None
     engines = numbers.get("engines") if isinstance(numbers, dict) else None
-    return [str(e) for e in engines] if isinstance(engines, list) else None
+    if isinstance(engines, list):
+        return [str(e) for e in engines]
+    present = {p.name for p in (table.parent / "runs").glob("*/*") if p.is_dir()}
+    ordered = [e for e in engine_names() if e in present]
+    return ordered or None
 
 
 def _header(path: Path) -> list[str]:
