@@ -99,6 +99,15 @@ SYSTEM_TIERS = (
         fixture="vllm_cpu_program",
     ),
     SystemTier(
+        marker="sglangcpu",
+        name="the real-engine (SGLang-CPU) tier",
+        program="the SGLang-CPU environment",
+        install="make sglang-cpu (builds it from requirements/sglang-cpu.lock), "
+        "or set SERVELAB_SGLANG_CPU_PYTHON to a python that has SGLang",
+        lookup="servelab.deploy.sglang_cpu:sglang_cpu_python",
+        fixture="sglang_cpu_program",
+    ),
+    SystemTier(
         marker="llamacpp",
         name="the real-engine (llama.cpp llama-server) tier",
         program="llama-server",
@@ -124,6 +133,11 @@ def llama_server_program() -> str:
 @pytest.fixture(scope="session")
 def vllm_cpu_program() -> str:
     return _TIER_BY_MARKER["vllmcpu"].require()
+
+
+@pytest.fixture(scope="session")
+def sglang_cpu_program() -> str:
+    return _TIER_BY_MARKER["sglangcpu"].require()
 
 
 def tier_of(path: Path) -> str | None:

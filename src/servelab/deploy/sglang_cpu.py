@@ -1,0 +1,108 @@
+"""Where the SGLang-CPU environment is, and the command and environment that serve the tiny model.
+
+The environment is SGLang 0.5.23 from PyPI in a virtual environment of its own, built from
+`requirements/sglang-cpu.lock` by `tools/build-sglang-cpu.sh` (`make sglang-cpu`) with servelab's
+stand-in `sgl_kernel` (`servelab.deploy.standins.sgl_kernel`: PyPI has no CPU build of
+sgl-kernel), cached under `~/.cache/servelab/sglang-cpu/0.5.23/venv`; `SERVELAB_SGLANG_CPU_PYTHON`
+names another interpreter that has SGLang. The model is the shared tiny model of
+`servelab.deploy.tiny_model` in Hugging Face format.
+
+The command adds to a deployment's flags only what a deployment cannot carry: the model folder (a
+machine-local path; the weights' SHA-256 is recorded instead), the device, the address and the
+metrics endpoint. The environment is fixed here and defines no measurement:
+- `SGLANG_USE_CPU_ENGINE=1`: SGLang's CPU engine is on only with it, read once at import
+  (`sglang/srt/utils/common.py::is_cpu` L220-224; `srt/platforms/__init__.py` L49-50, L152-155);
+- `HF_HUB_OFFLINE=1`, `TRANSFORMERS_OFFLINE=1`: nothing is fetched from a hub;
+- `SERVELAB_SGL_KERNEL_CALLS`: the file the stand-in records any call of its names in (a
+  campaign's test reads it: plain serving calls none).
+`--device cpu` is given too, though the CPU engine implies it (`get_device`, common.py L1073-1081).
+`--enable-metrics` exports the `sglang:*` series the telemetry reads (observability/
+metrics_collector.py); `--log-level info` is SGLang's default, named so that the start-up lines the
+gate reads are certain to print.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from servelab.deploy.llama_server import servelab_cache
+
+__all__ = [
+    "CALLS_FILE",
+    "SGLANG_CPU_VERSION",
+    "build_script",
+    "describe",
+    "server_command",
+    "server_env",
+    "sglang_cpu_python",
+]
+
+SGLANG_CPU_VERSION = "0.5.23"
+ENTRYPOINT = "sglang.launch_server"
+CALLS_FILE = "sgl-kernel-calls.txt"  # in the deployment's folder: the stand-in's call record
+
+
+def build_script() -> Path:
+    """The build script in a source checkout (absent from an installed wheel)."""
+    return Path(__file__).resolve().parents[3] / "tools" / "build-sglang-cpu.sh"
+
+
+def sglang_cpu_python() -> str | None:
+    """The interpreter of the SGLang-CPU environment: $SERVELAB_SGLANG_CPU_PYTHON, else the cached
+    build (tools/build-sglang-cpu.sh), else None."""
+    named = os.environ.get("SERVELAB_SGLANG_CPU_PYTHON")
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    cached = servelab_cache() / "sglang-cpu" / SGLANG_CPU_VERSION
+    python = cached / "venv" / "bin" / "python"
+    if (cached / "lock.sha256").is_file() and os.access(python, os.X_OK):
+        return str(python)
+    return None
+
+
+def server_env(calls_file: str | os.PathLike[str]) -> dict[str, str]:
+    return {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "SERVELAB_SGL_KERNEL_CALLS": str(calls_file),
+    }
+
+
+def server_command(
+    python: str,
+    *,
+    model_dir: str | os.PathLike[str],
+    flags: Sequence[str],
+    host: str,
+    port: int,
+) -> list[str]:
+    """The server's command line: the module entrypoint, the model, the deployment's flags, the
+    device, the address, the metrics endpoint."""
+    return [
+        python,
+        "-m",
+        ENTRYPOINT,
+        "--model-path",
+        str(model_dir),
+        *[str(f) for f in flags],
+        "--device",
+        "cpu",
+        "--enable-metrics",
+        "--log-level",
+        "info",
+        "--host",
+        host,
+        "--port",
+        str(int(port)),
+    ]
+
+
+def describe(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """The command as a shell would run it, its environment first (run.json's server_command)."""
+    return " ".join(
+        [*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), shlex.join(command)]
+    )
