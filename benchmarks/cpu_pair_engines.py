@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--json", action="store_true", help="end with the headline figures as JSON")
     ap.add_argument(
+        "--sglang-python",
+        type=Path,
+        help="also SGLang 0.5.23's CPU engine from this environment (make sglang-cpu)",
+    )
+    ap.add_argument(
         "--pin",
         action="store_true",
         help="vLLM on core 0 (taskset), this process and the dispatcher's pacer on core 1",
@@ -117,6 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         results["engines"]["llamacpp"] = {"ready_s": ready, **speeds(server.url, 500)}
     print(json.dumps({"llamacpp": results["engines"]["llamacpp"]}), flush=True)
 
+    if args.sglang_python:
+        folder = out / "sglang"
+        folder.mkdir(exist_ok=True)
+        t0 = time.perf_counter()
+        with VllmServer(args.sglang_python, folder, _free_port(), sglang=True) as server:
+            ready = time.perf_counter() - t0
+            results["engines"]["sglang_v05"] = {"ready_s": ready, **speeds(server.url, 500)}
+            results["engines"]["sglang_v05"]["rss_mib"] = _group_rss_mib(server.proc.pid)
+        print(json.dumps({"sglang_v05": results["engines"]["sglang_v05"]}), flush=True)
+
     folder = out / "vllm"
     folder.mkdir(exist_ok=True)
     t0 = time.perf_counter()
@@ -125,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     with VllmServer(args.vllm_python, folder, _free_port(), "0" if args.pin else None) as server:
         ready = time.perf_counter() - t0
         results["engines"]["vllm_v1"] = {"ready_s": ready, **speeds(server.url, 500)}
+        results["engines"]["vllm_v1"]["rss_mib"] = _group_rss_mib(server.proc.pid)
         print(json.dumps({"vllm_v1": results["engines"]["vllm_v1"]}), flush=True)
         for rate in (float(r) for r in args.rates.split(",")):
             run_dir = out / f"rate-{rate:g}"
@@ -171,6 +187,24 @@ def headline(results: dict[str, Any]) -> dict[str, Any]:
         "lag_p50_ms_at_highest": top["lag_p50_ms"] if top else None,
         "lag_p99_ms_at_highest": top["lag_p99_ms"] if top else None,
     }
+
+
+def _group_rss_mib(pgid: int) -> float:
+    """The resident memory of every process in the server's process group, in MiB."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1024
 
 
 def _ttfts(run_dir: Path) -> list[float]:

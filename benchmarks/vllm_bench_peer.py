@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp_engine import TOKENIZER, machine
 from peer_crosscheck import _p, compile_and_export, run_servelab
 
-from servelab.deploy import vllm_cpu
+from servelab.deploy import sglang_cpu, vllm_cpu
 from servelab.deploy.tiny_model import ensure_tiny_hf_model
 from servelab.workload import warmup_prompts
 from servelab.workload.export import flattened_send_times
@@ -71,22 +71,45 @@ FLAGS = [
     "--enforce-eager",
     "--kv-cache-memory-bytes=268435456",
 ]
+SGLANG_FLAGS = [
+    f"--served-model-name={MODEL}",
+    "--context-length=8192",
+    "--dtype=float32",
+    "--max-total-tokens=65536",
+]
 WARMUP_SEED = 999
 START_TIMEOUT_S = 240.0
 
 
 class VllmServer:
-    """vLLM V1 on 127.0.0.1, a session of its own; stopped by its process group id."""
+    """vLLM V1 on 127.0.0.1, a session of its own; stopped by its process group id. With
+    `sglang`, SGLang 0.5.23's CPU engine instead (config/cpu-study.yaml's flags; `python` is then
+    the SGLang-CPU environment's)."""
 
-    def __init__(self, python: Path, folder: Path, port: int, cpus: str | None = None) -> None:
+    def __init__(
+        self,
+        python: Path,
+        folder: Path,
+        port: int,
+        cpus: str | None = None,
+        *,
+        sglang: bool = False,
+    ) -> None:
         self.folder = folder
         self.url = f"http://127.0.0.1:{port}"
-        command = vllm_cpu.server_command(
-            str(python), model_dir=ensure_tiny_hf_model(), flags=FLAGS, host="127.0.0.1", port=port
-        )
-        # `cpus`: every vLLM process on those cores only (taskset; its children inherit it)
+        model = ensure_tiny_hf_model()
+        if sglang:
+            command = sglang_cpu.server_command(
+                str(python), model_dir=model, flags=SGLANG_FLAGS, host="127.0.0.1", port=port
+            )
+            self.env = sglang_cpu.server_env(folder / sglang_cpu.CALLS_FILE)
+        else:
+            command = vllm_cpu.server_command(
+                str(python), model_dir=model, flags=FLAGS, host="127.0.0.1", port=port
+            )
+            self.env = vllm_cpu.server_env(vllm_cpu.write_logging_config(folder / "logging.json"))
+        # `cpus`: every server process on those cores only (taskset; its children inherit it)
         self.command = ["taskset", "-c", cpus, *command] if cpus else command
-        self.env = vllm_cpu.server_env(vllm_cpu.write_logging_config(folder / "logging.json"))
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> VllmServer:

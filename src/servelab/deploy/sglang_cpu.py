@@ -80,15 +80,26 @@ def server_command(
     host: str,
     port: int,
 ) -> list[str]:
-    """The server's command line: the module entrypoint, the model, the deployment's flags, the
-    device, the address, the metrics endpoint."""
+    """The server's command line: the module entrypoint, the model folder, the deployment's flags,
+    the device, the address, the metrics endpoint. A `--model-path` among the flags names the model
+    (SGLang requires one, and servelab's resolver with it: config `engines.sglang_v05.flags`); the
+    folder that holds that model on this machine replaces it."""
+    kept: list[str] = []
+    skip = False
+    for flag in (str(f) for f in flags):
+        if skip:
+            skip = False
+        elif flag == "--model-path":
+            skip = True  # its value is the next token
+        elif not flag.startswith("--model-path="):
+            kept.append(flag)
     return [
         python,
         "-m",
         ENTRYPOINT,
         "--model-path",
         str(model_dir),
-        *[str(f) for f in flags],
+        *kept,
         "--device",
         "cpu",
         "--enable-metrics",

@@ -37,7 +37,9 @@ from servelab.engines.registry import EngineView, engine_names
 
 __all__ = [
     "ENGINE_METRICS",
+    "METRIC_LAZY",
     "METRIC_MAP",
+    "METRIC_PART_LABELS",
     "MetricSample",
     "cache_config_info",
     "canonical_metrics",
@@ -49,6 +51,12 @@ __all__ = [
 METRIC_MAP: EngineView[Mapping[str, str]] = EngineView(
     lambda spec: MappingProxyType(dict(spec.metric_map))
 )
+# {engine: labels whose series are parts of one whole (summed)}, from the registry.
+METRIC_PART_LABELS: EngineView[tuple[str, ...]] = EngineView(
+    lambda spec: tuple(spec.metric_part_labels)
+)
+# {engine: series created only at their first event (absent from a run without one)}.
+METRIC_LAZY: EngineView[frozenset[str]] = EngineView(lambda spec: frozenset(spec.metric_lazy))
 # {engine: {metric family name: type}}: every series each engine exports, from the registry.
 ENGINE_METRICS: EngineView[Mapping[str, str]] = EngineView(
     lambda spec: MappingProxyType(dict(spec.metric_series))
@@ -114,7 +122,9 @@ def canonical_values(
 
     Only series of the mapped names are used; `model` keeps the series whose model label
     (`model_name=`, or `name=` before SGLang 0.4) equals it. A canonical metric the scrape does not
-    contain is absent from the result; more than one series for one name raises ValueError.
+    contain is absent from the result; series that differ only in one of the engine's part labels
+    (`EngineSpec.metric_part_labels`) are summed; more than one series otherwise raises
+    ValueError.
     """
     if engine not in METRIC_MAP:
         raise ValueError(f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}")
@@ -123,15 +133,18 @@ def canonical_values(
     for sample in samples:
         if sample.name in wanted and (model is None or sample.model == model):
             found.setdefault(sample.name, []).append(sample)
+    parts = METRIC_PART_LABELS[engine]
     out: dict[str, float] = {}
     for source, rows in found.items():
-        if len(rows) > 1:
+        # series that differ only in a part label (SGLang 0.5: is_streaming) are one, summed
+        whole = {tuple(sorted((k, v) for k, v in r.labels.items() if k not in parts)) for r in rows}
+        if len(whole) > 1:
             models = sorted(str(r.model) for r in rows)
             raise ValueError(
-                f"{source}: {len(rows)} series in one scrape (models {', '.join(models)}); "
+                f"{source}: {len(whole)} series in one scrape (models {', '.join(models)}); "
                 "give the model to select one"
             )
-        out[wanted[source]] = rows[0].value
+        out[wanted[source]] = sum(r.value for r in rows)
     return dict(sorted(out.items()))
 
 

@@ -265,7 +265,7 @@ def _resolve_cpu(
             raise ResolutionError(
                 f"--mem-fraction-static: not given, and SGLang's reserved-memory rule reserves "
                 f"{reserved:.0f} MiB of the machine's {mem:.0f} MiB (fraction {frac}); give "
-                "--mem-fraction-static or --max-total-tokens"
+                "--mem-fraction-static (--max-total-tokens does not enter the rule)"
             )
     else:
         frac, rules["memory_fraction"] = float(frac), "flag"
@@ -557,6 +557,12 @@ SPEC = EngineSpec(
     ),
     metric_map=METRIC_MAP,
     metric_series=METRICS,
+    # observability/metrics_collector.py (0.5.23): the token counters and latency histograms add
+    # is_streaming, so streamed and unstreamed requests count in two series
+    metric_part_labels=("is_streaming",),
+    # created at the first retraction (prometheus_client's labelled counter has no series before
+    # its first .labels()): a run with none, the normal case, has no such series
+    metric_lazy=frozenset({"sglang:num_retracted_requests_total"}),
     entrypoint=("python3", "-m", "sglang.launch_server"),
     render_startup_log=render_startup_log,
     product="sglang",

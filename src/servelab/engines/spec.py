@@ -88,7 +88,11 @@ class EngineSpec:
     engine's parser does before parsing; `required_flags` are (dest, option) pairs the engine
     refuses to start without. `metric_map` maps canonical telemetry names to the engine's /metrics
     sample names (a canonical metric the engine does not export is absent, never a stand-in);
-    `metric_series` lists every family the engine exports with its type. `release_flag_tables`
+    `metric_series` lists every family the engine exports with its type; `metric_part_labels` names
+    labels that split one series into parts of a whole (SGLang 0.5's token counters by
+    `is_streaming`): the parts are summed; `metric_lazy` names series the engine creates only at
+    their first event (SGLang 0.5's retraction counter): a run without one has no such series,
+    which is then absent from its telemetry, not a gap in its window. `release_flag_tables`
     holds the argument table of each other release whose parser differs from the reference's
     (`flag_table_for(version)` picks it). `entrypoint` is the
     server's command in the engine's image. `stream_interval` is the tokens per streamed chunk when
@@ -123,6 +127,8 @@ class EngineSpec:
     releases: tuple[str, ...] = ()
     family_versions: str = ""
     release_flag_tables: Mapping[str, tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
+    metric_part_labels: tuple[str, ...] = ()
+    metric_lazy: frozenset[str] = frozenset()
 
     def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
         """The argument table of `version` (None: the reference release)."""

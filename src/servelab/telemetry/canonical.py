@@ -21,7 +21,7 @@ from servelab.artifacts import (
     read_run_json,
     write_parquet,
 )
-from servelab.engines.metrics import METRIC_MAP
+from servelab.engines.metrics import METRIC_LAZY, METRIC_MAP
 
 __all__ = ["TelemetryWindowError", "canonicalize", "canonicalize_files"]
 
@@ -49,6 +49,7 @@ def canonicalize(
     if engine not in METRIC_MAP:
         raise ValueError(f"unknown engine {engine!r}")
     sources = scrape.column("source_metric")
+    lazy = METRIC_LAZY[engine]
     columns: dict[str, list] = {name: [] for name in TELEMETRY_SCHEMA.names}
     for canonical, source in sorted(METRIC_MAP[engine].items()):
         if source is None:  # the engine exports no such series (documented in docs/engines.md)
@@ -56,7 +57,9 @@ def canonicalize(
         rows = scrape.filter(pc.equal(sources, source))
         times = np.asarray(rows.column("t_s").to_numpy(), dtype=float)
         values = np.asarray(rows.column("value").to_numpy(), dtype=float)
-        if require_full_window:
+        if source in lazy:  # exists only from its first event: absent or partial, never a gap
+            pass
+        elif require_full_window:
             _check_coverage(times, duration_s=duration_s, step_s=step_s, series=source, what=what)
         order = np.argsort(times, kind="stable")
         columns["run_id"].extend([run_id] * len(order))

@@ -24,7 +24,7 @@ import httpx
 import pyarrow as pa
 
 from servelab.artifacts import SCRAPE_SCHEMA, write_parquet
-from servelab.engines.metrics import METRIC_MAP
+from servelab.engines.metrics import METRIC_MAP, METRIC_PART_LABELS
 from servelab.telemetry.canonical import TelemetryWindowError, canonicalize
 
 __all__ = [
@@ -39,7 +39,22 @@ log = logging.getLogger(__name__)
 
 # One series per metric and run: `max` folds the (normally single) series a selector matches, so a
 # series split by a label change (e.g. a restarted server) is never counted twice.
-QUERY_TEMPLATE = "max({metric}{{{matchers}}})"
+QUERY_TEMPLATE = "max({{{name},{matchers}}})"
+# An engine whose series are split into parts by a label (EngineSpec.metric_part_labels): the
+# parts of each series summed, then folded as above.
+PARTS_TEMPLATE = "max(sum without ({parts}) ({{{name},{matchers}}}))"
+
+
+def name_matcher(metric: str) -> str:
+    """The `__name__` matcher of an engine's metric as Prometheus may have stored it. A name with a
+    namespace colon (`sglang:token_usage`) is matched with the colon or an underscore: an endpoint
+    that negotiates OpenMetrics (SGLang 0.5.23's, through prometheus_client 0.26's ASGI app, which
+    Prometheus 2.x asks for first) writes its samples' names with underscores
+    (`sglang_token_usage`), while the text format, and vLLM's endpoint, keep the colon."""
+    if ":" not in metric:
+        return f'__name__="{metric}"'
+    namespace, rest = metric.split(":", 1)
+    return f'__name__=~"{namespace}[:_]{rest}"'
 
 
 class PrometheusError(RuntimeError):
@@ -60,7 +75,17 @@ def promql_queries(engine: str, selector: Mapping[str, str]) -> dict[str, str]:
         raise ValueError("a label selector is required (e.g. the deployment label)")
     matchers = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(selector.items()))
     sources = sorted({s for s in METRIC_MAP[engine].values() if s is not None})
-    return {source: QUERY_TEMPLATE.format(metric=source, matchers=matchers) for source in sources}
+    parts = METRIC_PART_LABELS[engine]
+    if parts:  # series split into parts (SGLang 0.5's is_streaming) are summed first
+        template = PARTS_TEMPLATE.replace("{parts}", ", ".join(parts))
+        return {
+            source: template.format(name=name_matcher(source), matchers=matchers)
+            for source in sources
+        }
+    return {
+        source: QUERY_TEMPLATE.format(name=name_matcher(source), matchers=matchers)
+        for source in sources
+    }
 
 
 def query_range(

