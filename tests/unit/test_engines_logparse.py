@@ -119,14 +119,15 @@ EXPECTED = {
 
 
 def test_every_log_fixture_has_an_expected_parse():
-    # llama-server's and vLLM-CPU's captured logs have golden parses of their own
-    # (test_llamacpp_engine.py, test_vllm_cpu_engine.py); the excerpts, goldens of their reading
+    # llama-server's, vLLM-CPU's and SGLang-CPU's captured logs have golden parses of their own
+    # (test_llamacpp_engine.py, test_vllm_cpu_engine.py, test_sglang_cpu_engine.py); the
+    # excerpts, goldens of their reading
     # (test_log_excerpts.py); the current releases' logs have hand-read expectations in
     # expected/ (test_current_release_logs.py)
     logs = [
         p.name
         for p in DATA.glob("*.log")
-        if not p.name.startswith(("llamacpp-", "vllm-cpu-"))
+        if not p.name.startswith(("llamacpp-", "vllm-cpu-", "sglang-cpu-"))
         and "-excerpt-" not in p.name
         and not (DATA / "expected" / f"{p.name}.json").exists()
     ]
