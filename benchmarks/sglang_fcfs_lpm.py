@@ -42,10 +42,10 @@ def campaign(work: Path, rate: float, lpm: bool) -> dict[str, Any]:
         shutil.copy(REPO / "config" / name, work / "config" / name)
     base = yaml.safe_load((REPO / "config" / "cpu-study.yaml").read_text())
     condition = {**base["conditions"][0], "rate": rate}
-    (work / "config" / "rate.yaml").write_text(
-        yaml.safe_dump({"conditions": [condition], "analysis": {"table_conditions": []}})
-    )
     name = f"rate-{rate:.2f}"
+    (work / "config" / "rate.yaml").write_text(
+        yaml.safe_dump({"conditions": [condition], "analysis": {"table_conditions": [name]}})
+    )
     files = ["config/cpu-study.yaml", *(["config/ablations/cpu-sglang-lpm.yaml"] * lpm)]
     targets = [f"results/runs/matched/sglang_v05/{name}/{rep}/run.json" for rep in REPS]
     t0 = time.perf_counter()
