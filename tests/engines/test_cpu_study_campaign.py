@@ -156,6 +156,10 @@ def test_no_name_of_the_standin_kernel_was_called(campaign: Path) -> None:
         assert not calls.exists() or calls.read_text() == "", calls
         state = json.loads((folder / "local.json").read_text())
         assert "SERVELAB_SGL_KERNEL_CALLS=" in state["command"]
+    # the stand-in is named in every SGLang run's record
+    for run_json in (campaign / "results" / "runs").glob("*/sglang_v05/*/*/run.json"):
+        command = json.loads(run_json.read_text())["local"]["server_command"]
+        assert "SERVELAB_SGL_KERNEL=servelab-standin" in command, run_json
 
 
 def test_a_mismatched_arm_on_sglang_is_refused_quoting_its_server_args_line(

@@ -170,6 +170,8 @@ def test_the_server_command_and_environment() -> None:
     env = sglang_cpu.server_env("/d/sgl-kernel-calls.txt")
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["HF_HUB_OFFLINE"] == "1"
     assert env["SERVELAB_SGL_KERNEL_CALLS"] == "/d/sgl-kernel-calls.txt"
+    # the stand-in is named wherever the command is recorded (run.json's server_command)
+    assert "SERVELAB_SGL_KERNEL=servelab-standin" in sglang_cpu.describe(["/py"], env)
 
 
 def test_token_counters_split_by_is_streaming_are_summed() -> None:

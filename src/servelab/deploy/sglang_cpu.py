@@ -13,6 +13,8 @@ metrics endpoint. The environment is fixed here and defines no measurement:
 - `SGLANG_USE_CPU_ENGINE=1`: SGLang's CPU engine is on only with it, read once at import
   (`sglang/srt/utils/common.py::is_cpu` L220-224; `srt/platforms/__init__.py` L49-50, L152-155);
 - `HF_HUB_OFFLINE=1`, `TRANSFORMERS_OFFLINE=1`: nothing is fetched from a hub;
+- `SERVELAB_SGL_KERNEL=servelab-standin`: names the kernel package the environment holds (read by
+  nothing; it makes run.json's server_command say it);
 - `SERVELAB_SGL_KERNEL_CALLS`: the file the stand-in records any call of its names in (a
   campaign's test reads it: plain serving calls none).
 `--device cpu` is given too, though the CPU engine implies it (`get_device`, common.py L1073-1081).
@@ -63,11 +65,17 @@ def sglang_cpu_python() -> str | None:
     return None
 
 
+# What the environment's sgl_kernel is, named in the server's environment, so that run.json's
+# server_command and the deployment's local.json say it wherever the command appears.
+SGL_KERNEL = "servelab-standin"
+
+
 def server_env(calls_file: str | os.PathLike[str]) -> dict[str, str]:
     return {
         "SGLANG_USE_CPU_ENGINE": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "SERVELAB_SGL_KERNEL": SGL_KERNEL,
         "SERVELAB_SGL_KERNEL_CALLS": str(calls_file),
     }
 
