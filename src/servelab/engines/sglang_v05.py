@@ -110,6 +110,27 @@ def cuda_graph_sizes(max_bs: int) -> list[int]:
     return out if max_bs in out else [*out, max_bs]
 
 
+# The CPU engine's rules (SGLang 0.5.23, read in its wheel; docs/engines.md "SGLang 0.5 on the
+# CPU"), applied by `resolve` when gpu.name is CPU: the GPU path's rules with the CPU's inputs.
+# - the "device memory" is the machine's RAM per NUMA node, in MiB, capped by the cgroup's
+# memory.max (`utils/common.py::get_cpu_memory_capacity` L911-927); config gpu.memory_mib
+# gives it. chunked_prefill_size then follows the same memory table
+# (`arg_groups/memory_hook.py::handle_gpu_memory_settings` L89-180): 24 GiB -> 4096;
+# - no CUDA graphs: the decode graphs' max batch is `--torch-compile-max-bs` (default 32,
+# `arg_groups/fields/exec_.py` L698-701; memory_hook.py L201-232), and a CPU graph is captured
+# only with `--enable-torch-compile` (`model_runner_components/cuda_graph_setup.py` L735-736);
+# - mem_fraction_static, when not flagged: round((M - reserved) / M, 3), reserved = 512 +
+# 1.5 * max(chunked_prefill_size, 2048) + tp * pp / 8 * 1024 + 2 * torch_compile_max_bs
+# (memory_hook.py L281-343 and `reserve_for_graph_mb` L357-368; no prefill graph on the CPU):
+# 24,105 MiB -> 0.716, as the real server prints (above 60 GiB at least 10 GiB, as on a GPU);
+# - schedule_policy fcfs, the radix cache on, page size 1, max_prefill_tokens 16384, as on a GPU;
+# - attention: `intel_amx` on x86 falls back to `torch_native` without the AMX kernels
+# (`arg_groups/platform_hook.py::handle_cpu_backends` L158-173, `arg_groups/overrides.py`
+# L1300-1310), sampling `pytorch`. Not a setting servelab compares.
+# The KV pool (`--max-total-tokens`, else the free RAM after the weights times the fraction) is
+# a run-time fact, read from the log (`KV Cache is allocated. ... #tokens: N`).
+
+
 def on_cpu(gpu_name: str) -> bool:
     """Config gpu.name CPU: SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE=1`, `--device cpu`)."""
     return gpu_name.lower() == "cpu"
@@ -123,45 +144,56 @@ def resolve(
     pp = int(a["pp_size"]) if "pp_size" in a else 1
     if tp < 1:
         raise ResolutionError(f"--tp-size={tp}: must be >= 1")
-    if on_cpu(gpu_name):
-        return _resolve_cpu(f, gpu_memory_mib=gpu_memory_mib, max_pos=max_pos, version=version)
+    cpu = on_cpu(gpu_name)
     rules: dict[str, str] = {}
-    mem = float(gpu_memory_mib)
+    mem = float(gpu_memory_mib)  # on the CPU: the machine's RAM per NUMA node (see on_cpu)
     chunk_default, bs_small, bs_large = next(
         ((c, s, lg) for below, c, s, lg in GPU_MEMORY_RULES if mem < below * GIB), LARGEST_GPU
     )
     size = a["chunked_prefill_size"]
     if size is None:
-        size, rules["chunked_prefill"] = chunk_default, "gpu-memory-rule"
+        size, rules["chunked_prefill"] = (
+            chunk_default,
+            "cpu-memory-rule" if cpu else "gpu-memory-rule",
+        )
     else:
         rules["chunked_prefill"] = "flag"
     rules["chunk_size"] = rules["chunked_prefill"]
     chunked = size > 0  # "-1 means disable"
-    graphs_off = bool(a["disable_cuda_graph"])
-    max_bs = a["cuda_graph_max_bs_decode"]
-    if max_bs is None:
-        max_bs = bs_small if tp < 4 else bs_large
-        rules["cuda_graph_max_bs"] = "gpu-memory-rule"
-        if a["max_running_requests"] is not None and max_bs > a["max_running_requests"]:
-            max_bs, rules["cuda_graph_max_bs"] = a["max_running_requests"], "max-running-cap"
+    if cpu:
+        # no CUDA graphs; the decode graph batch, in the memory reserve, is torch_compile_max_bs
+        graphs_off, max_bs = True, int(a["torch_compile_max_bs"])
+        rules["cuda_graph_max_bs"] = "cpu-platform (no CUDA graphs)"
+        graph_reserve = max_bs * 2.0  # reserve_for_graph_mb: no prefill graph on the CPU
     else:
-        rules["cuda_graph_max_bs"] = "flag"
-    if a["cuda_graph_bs_decode"]:
-        max_bs = max(a["cuda_graph_bs_decode"])
+        graphs_off = bool(a["disable_cuda_graph"])
+        max_bs = a["cuda_graph_max_bs_decode"]
+        if max_bs is None:
+            max_bs = bs_small if tp < 4 else bs_large
+            rules["cuda_graph_max_bs"] = "gpu-memory-rule"
+            if a["max_running_requests"] is not None and max_bs > a["max_running_requests"]:
+                max_bs, rules["cuda_graph_max_bs"] = a["max_running_requests"], "max-running-cap"
+        else:
+            rules["cuda_graph_max_bs"] = "flag"
+        if a["cuda_graph_bs_decode"]:
+            max_bs = max(a["cuda_graph_bs_decode"])
+        graph_reserve = (
+            0.0 if graphs_off else max_bs * 2 + len(prefill_graph_sizes(size if chunked else 0)) * 8
+        )
     frac = a["mem_fraction_static"]
     if frac is None:
         activation = max(size if chunked else int(a["max_prefill_tokens"]), 2048)
-        reserved = 512 + activation * 1.5 + tp * pp / 8 * 1024
-        if not graphs_off:
-            reserved += max_bs * 2 + len(prefill_graph_sizes(size if chunked else 0)) * 8
+        reserved = 512 + activation * 1.5 + tp * pp / 8 * 1024 + graph_reserve
         if mem > 60 * GIB:
             reserved = max(reserved, 10 * GIB)
         frac, rules["memory_fraction"] = round((mem - reserved) / mem, 3), "reserved-memory-rule"
         if frac <= 0.0:
+            device = "machine" if cpu else "GPU"
             raise ResolutionError(
                 f"--mem-fraction-static: not given, and SGLang's reserved-memory rule reserves "
-                f"{reserved:.0f} MiB of the GPU's {mem:.0f} MiB (fraction {frac}); the engine "
-                "cannot start: give --mem-fraction-static"
+                f"{reserved:.0f} MiB of the {device}'s {mem:.0f} MiB (fraction {frac}); the engine "
+                "cannot start: give --mem-fraction-static (--max-total-tokens does not enter the "
+                "rule)"
             )
     else:
         frac, rules["memory_fraction"] = float(frac), "flag"
@@ -212,111 +244,6 @@ def resolve(
         block_size=None,
         memory_fraction=frac,
         cuda_graph_max_bs=None if graphs_off else int(max_bs),
-        overlap_schedule=not a["disable_overlap_schedule"],
-        flags=f.flags,
-        rules=rules,
-    )
-
-
-def _resolve_cpu(
-    f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str
-) -> ResolvedConfig:
-    """SGLang 0.5.23's CPU engine (rules read in the 0.5.23 wheel; docs/engines.md "SGLang 0.5 on
-    the CPU"). The GPU path's rules with the CPU's inputs:
-    - the "device memory" is the machine's RAM per NUMA node, in MiB, capped by the cgroup's
-      memory.max (`utils/common.py::get_cpu_memory_capacity` L911-927); config gpu.memory_mib
-      gives it. chunked_prefill_size then follows the same memory table
-      (`arg_groups/memory_hook.py::handle_gpu_memory_settings` L89-180): 24 GiB -> 4096;
-    - no CUDA graphs: the decode graphs' max batch is `--torch-compile-max-bs` (default 32,
-      `arg_groups/fields/exec_.py` L698-701; memory_hook.py L201-232), and a CPU graph is captured
-      only with `--enable-torch-compile` (`model_runner_components/cuda_graph_setup.py` L735-736);
-    - mem_fraction_static, when not flagged: round((M - reserved) / M, 3), reserved = 512 +
-      1.5 * max(chunked_prefill_size, 2048) + tp * pp / 8 * 1024 + 2 * torch_compile_max_bs
-      (memory_hook.py L281-343 and `reserve_for_graph_mb` L357-368; no prefill graph on the CPU):
-      24,105 MiB -> 0.716, as the real server prints;
-    - schedule_policy fcfs, the radix cache on, page size 1, max_prefill_tokens 16384, as on a GPU;
-    - attention: `intel_amx` on x86 falls back to `torch_native` without the AMX kernels
-      (`arg_groups/platform_hook.py::handle_cpu_backends` L158-173, `arg_groups/overrides.py`
-      L1300-1310), sampling `pytorch`. Not a setting servelab compares.
-    The KV pool (`--max-total-tokens`, else the free RAM after the weights times the fraction) is
-    a run-time fact, read from the log (`KV Cache is allocated. ... #tokens: N`)."""
-    a = f.args
-    tp = int(a["tp_size"])
-    pp = int(a["pp_size"]) if "pp_size" in a else 1
-    rules: dict[str, str] = {}
-    mem = float(gpu_memory_mib)
-    chunk_default = next(
-        (c for below, c, _, _ in GPU_MEMORY_RULES if mem < below * GIB), LARGEST_GPU[0]
-    )
-    size = a["chunked_prefill_size"]
-    if size is None:
-        size, rules["chunked_prefill"] = chunk_default, "cpu-memory-rule"
-    else:
-        rules["chunked_prefill"] = "flag"
-    rules["chunk_size"] = rules["chunked_prefill"]
-    chunked = size > 0
-    decode_bs = int(a["torch_compile_max_bs"])
-    frac = a["mem_fraction_static"]
-    if frac is None:
-        activation = max(size if chunked else int(a["max_prefill_tokens"]), 2048)
-        reserved = 512 + activation * 1.5 + tp * pp / 8 * 1024 + decode_bs * 2
-        frac, rules["memory_fraction"] = round((mem - reserved) / mem, 3), "reserved-memory-rule"
-        if frac <= 0.0:
-            raise ResolutionError(
-                f"--mem-fraction-static: not given, and SGLang's reserved-memory rule reserves "
-                f"{reserved:.0f} MiB of the machine's {mem:.0f} MiB (fraction {frac}); give "
-                "--mem-fraction-static (--max-total-tokens does not enter the rule)"
-            )
-    else:
-        frac, rules["memory_fraction"] = float(frac), "flag"
-    if not 0.0 < frac < 1.0:
-        raise ResolutionError(f"--mem-fraction-static={frac}: must be between 0 and 1")
-    context_len = model_len(a["context_length"], max_pos, "--context-length")
-    prefix = not a["disable_radix_cache"]
-    policy = a["schedule_policy"]
-    rules["schedule_policy"] = "flag" if f.is_given("schedule_policy") else "default"
-    if not prefix and policy in ("lpm", "dfs-weight"):
-        policy, rules["schedule_policy"] = "fcfs", "no-radix-cache-fallback"
-    for dest, flag in (
-        ("max_prefill_tokens", "--max-prefill-tokens"),
-        ("max_running_requests", "--max-running-requests"),
-        ("max_total_tokens", "--max-total-tokens"),
-    ):
-        if a[dest] is not None and a[dest] <= 0:
-            raise ResolutionError(f"{flag}={a[dest]}: must be positive")
-
-    def given(dest: str, default: str) -> str:
-        return "flag" if f.is_given(dest) else default
-
-    rules.update(
-        token_budget=given("max_prefill_tokens", "default"),
-        prefix_caching=given("disable_radix_cache", "default"),
-        max_running_requests=given("max_running_requests", "run-time-pool-rule"),
-        context_len=given("context_length", "model-max-position"),
-        cuda_graph_max_bs="cpu-platform (no CUDA graphs)",
-    )
-    return ResolvedConfig(
-        engine="sglang_v05",
-        version=version,
-        printed_version=None,
-        model=a["model_path"],
-        served_model_name=a["served_model_name"] or a["model_path"],
-        dtype=a["dtype"],
-        tensor_parallel_size=tp,
-        gpu_memory_mib=gpu_memory_mib,
-        chunked_prefill=chunked,
-        chunked_prefill_rule=rules["chunked_prefill"],
-        chunk_size=size if chunked else None,
-        token_budget=int(a["max_prefill_tokens"]),
-        prefix_caching=prefix,
-        context_len=context_len,
-        schedule_policy=policy,
-        max_num_seqs=None,
-        max_running_requests=a["max_running_requests"],
-        max_total_tokens=a["max_total_tokens"],
-        block_size=None,
-        memory_fraction=frac,
-        cuda_graph_max_bs=None,
         overlap_schedule=not a["disable_overlap_schedule"],
         flags=f.flags,
         rules=rules,
