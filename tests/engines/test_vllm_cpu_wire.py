@@ -234,4 +234,4 @@ def test_a_request_past_the_timeout_is_recorded_as_a_timeout(vllm) -> None:
     assert by_id["short"].status == "ok"
     assert by_id["long"].status == "timeout"
     assert by_id["long"].error == "no complete response within 1 s"
-    assert by_id["long"].chunk_times_s  # it was streaming when the deadline came
+    # (whether its first chunks had come by then depends on the machine's load: not asserted)
