@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: table5 test test-fast test-engines lint format all clean-results llama-server llamacpp vllm-cpu sglang-cpu cpu-pair cpu-study verify figures
+.PHONY: table5 test test-fast test-engines lint format all clean-results llama-server llamacpp vllm-cpu sglang-cpu cpu-pair cpu-study sim-vs-real verify figures
 
 # The main job: the study's Table 5 on the default simulator backend, then printed.
 table5: $(STAMP)
@@ -47,6 +47,13 @@ cpu-pair: vllm-cpu llama-server
 cpu-study: vllm-cpu sglang-cpu
 	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/cpu-study.yaml
 	$(BIN)/servelab table show results/table5.csv
+
+# The simulator against the real engines (docs/simulator.md, "Against the real engines"): the CPU
+# pair over a rate sweep, the engine pinned to core 1 and the client to core 0, the CPU platform
+# fitted from the floor only, every run predicted on its own trace. Writes results/ like `make
+# table5`: run it in a clean results/ (make clean-results).
+sim-vs-real: vllm-cpu llama-server
+	$(BIN)/snakemake --cores 1 results/sim_vs_real.csv --configfile config/cpu-pair.yaml config/sim-vs-real.yaml
 
 # The study's protocol on that real engine (local backend, real Prometheus): Table 5 is its arm
 # effect. Writes results/ like `make table5`: run it in a clean results/ (make clean-results).

@@ -20,6 +20,7 @@ include: "workflow/rules/status.smk"
 include: "workflow/rules/bundle.smk"
 include: "workflow/rules/capacity.smk"
 include: "workflow/rules/floor.smk"
+include: "workflow/rules/sim_vs_real.smk"
 
 
 rule all:

@@ -226,10 +226,11 @@ def _check_references(config: Mapping[str, Any]) -> None:
             problems.append(f"config key analysis.table_conditions[{j}]: unknown condition {cid!r}")
     # An engine the simulator imitates prints its start-up log through its spec.
     simulated = [s.name for s in engine_specs() if s.render_startup_log is not None]
-    if "preset" not in config["model"] and any(e in simulated for e in engines):
+    run_simulated = [e for e in engines if e in simulated and _runs_simulated(config, e)]
+    if "preset" not in config["model"] and run_simulated:
         problems.append(
             "config key model.preset: required when a simulated engine runs "
-            f"({', '.join(e for e in engines if e in simulated)})"
+            f"({', '.join(run_simulated)})"
         )
     if config["backend"] == "kubernetes":
         for engine in engines:
@@ -245,6 +246,20 @@ def _check_references(config: Mapping[str, Any]) -> None:
                     f"config key engines.{engine}: the sim backend has no simulated {engine} "
                     f"(simulated: {', '.join(simulated)}); run it with backend: local"
                 )
+            elif config["gpu"]["name"] == "CPU" and engine not in (
+                config["gpu"].get("step_cost") or {}
+            ):
+                problems.append(
+                    f"config key gpu.step_cost.{engine}: the simulator's CPU platform needs the "
+                    f"engine's fitted step time (the cpu_platform rule fits it from the floor: "
+                    "docs/simulator.md, 'Against the real engines')"
+                )
+            elif engine == "llamacpp" and config["gpu"]["name"] != "CPU":
+                problems.append(
+                    "config key engines.llamacpp: the sim backend simulates llama.cpp on the CPU "
+                    "platform only (gpu.name: CPU with gpu.step_cost.llamacpp): llama.cpp has no "
+                    "GPU cost model"
+                )
     capacity_section = config.get("capacity") or {}
     bracket = capacity_section.get("bracket")
     if bracket and bracket[0] >= bracket[1]:
@@ -257,6 +272,18 @@ def _check_references(config: Mapping[str, Any]) -> None:
         problems.append("config key workload.tool_delay.min_s: must be below max_s")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _runs_simulated(config: Mapping[str, Any], engine: str) -> bool:
+    """Whether `engine` runs as the simulator's imitation on the config's backend: always on sim;
+    on local unless the local backend serves the real engine (llama.cpp always, vLLM V1 and
+    SGLang 0.5 on the CPU platform: servelab.deploy.local._serves_real); never on kubernetes."""
+    if config["backend"] == "sim":
+        return True
+    if config["backend"] != "local":
+        return False
+    on_cpu = str(config["gpu"]["name"]).lower() == "cpu"
+    return not (engine == "llamacpp" or (on_cpu and engine in ("vllm_v1", "sglang_v05")))
 
 
 def drop_removed_engines(config: dict[str, Any]) -> dict[str, Any]:
@@ -509,19 +536,28 @@ def floor_settings(config: Mapping[str, Any]) -> dict[str, int]:
     return {key: int(given.get(key, value)) for key, value in FLOOR_DEFAULTS.items()}
 
 
+def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:
+    """Config `floor.shapes`: request shapes every deployment is also measured on unloaded, beyond
+    its conditions' own (the single-request step sweep a CPU platform is fitted from:
+    docs/simulator.md, "Against the real engines")."""
+    given = (config.get("floor") or {}).get("shapes") or []
+    return [FloorShape(float(s["sharing"]), int(s["prompt_tokens"])) for s in given]
+
+
 def floor_blocks(config: Mapping[str, Any]) -> list[FloorBlock]:
     """One floor per (deployment, shape) of the grid's runs, in run order: each deployment is
-    measured unloaded on the request shapes (σ, L) of the conditions it serves."""
+    measured unloaded on the request shapes (σ, L) of the conditions it serves, then on config
+    `floor.shapes`."""
     cond = conditions(config)
     out: dict[tuple[str, str], FloorBlock] = {}
     first_rep = reps(config)[0]
+    extra = floor_extra_shapes(config)
     for run in runs(config):
         if run.rep != first_rep:
             continue
         c = cond[run.condition]
-        block = FloorBlock(
-            deployment_for(config, run.arm, run.engine, run.condition),
-            FloorShape(c.sharing, c.prompt_tokens),
-        )
-        out.setdefault((block.deployment.id, block.shape.id), block)
+        deployment = deployment_for(config, run.arm, run.engine, run.condition)
+        for shape in (FloorShape(c.sharing, c.prompt_tokens), *extra):
+            block = FloorBlock(deployment, shape)
+            out.setdefault((block.deployment.id, block.shape.id), block)
     return list(out.values())

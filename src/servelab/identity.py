@@ -27,6 +27,7 @@ from servelab.settings import (
     CampaignSettings,
     DispatchSettings,
     KubernetesSettings,
+    LocalSettings,
     SimSettings,
     TelemetrySettings,
 )
@@ -138,12 +139,17 @@ def _section(config: Mapping[str, Any], section: str, kind: Kind) -> dict[str, A
 def deployment_identity(config: Mapping[str, Any], deployment: Mapping[str, Any]) -> dict[str, Any]:
     """What defines a deployment: the engine, image (by digest), flags and the configuration the
     arm expects it to resolve, on which backend, GPU and model."""
-    return {
+    out = {
         "backend": config["backend"],
         "gpu": dict(config["gpu"]),
         "model": dict(config["model"]),
         **dict(deployment),
     }
+    local = LocalSettings.from_section(config.get("local"))
+    if config["backend"] == "local" and local.pinned:
+        # The cores the engine and its client are pinned to (servelab.deploy.machine_load).
+        out["local"] = local.as_dict()
+    return out
 
 
 def run_identity(config: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:

@@ -304,6 +304,28 @@ class SimSettings(_ConfigSection):
     platform: PlatformSettings = field(default_factory=PlatformSettings)
 
 
+# --------------------------------------------------------------------------- local
+
+
+@dataclass(frozen=True)
+class LocalSettings(_ConfigSection):
+    """The config's `local:` section: the cores a real engine on this machine and its client run
+    on (servelab.deploy.machine_load). Part of the deployment's identity when set: a pinned
+    engine is measured on other terms than an unpinned one."""
+
+    config_key: ClassVar[str] = "local"
+
+    engine_cpus: tuple[int, ...] = ()
+    client_cpus: tuple[int, ...] = ()
+    # A run whose pinned cores gave more than this share of the window to other processes is
+    # refused (status failed).
+    max_foreign_share: float = 0.1
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.engine_cpus) and bool(self.client_cpus)
+
+
 # The config sections that have a dataclass here, by their config key.
 SECTIONS: dict[str, type[Any]] = {
     "dispatch": DispatchSettings,

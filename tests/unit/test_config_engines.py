@@ -57,7 +57,14 @@ def test_a_null_engine_is_removed_everywhere() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda c: c.update(backend="sim"), "engines.llamacpp: the sim backend has no simulated"),
+        (
+            lambda c: c.update(backend="sim"),
+            "engines.llamacpp: the sim backend simulates llama.cpp on the CPU platform only",
+        ),
+        (
+            lambda c: c.update(backend="sim", gpu={"name": "CPU", "memory_mib": 24000}),
+            r"gpu.step_cost.llamacpp: the simulator's CPU platform needs",
+        ),
         (
             lambda c: c.update(backend="kubernetes"),
             "engines.llamacpp.image: the kubernetes backend",

@@ -67,12 +67,12 @@ def _resolve(flags: list[str]) -> Any:
     return resolve("llamacpp", flags, gpu_memory_mib=1, model_max_position_embeddings=N_CTX_TRAIN)
 
 
-def test_registered_third_with_its_entrypoint_and_no_simulated_log() -> None:
+def test_registered_third_with_its_entrypoint_and_a_simulated_log() -> None:
     assert engine_names() == ("vllm", "sglang", "vllm_v1", "sglang_v05", "llamacpp")
     spec = engine_spec("llamacpp")
     assert spec.entrypoint == ("llama-server",)
     assert spec.stream_interval == 1
-    assert spec.render_startup_log is None
+    assert spec.render_startup_log is not None  # the simulated llama.cpp (servelab.sim.llamacpp)
     assert spec.printed_version == "b1-0c1e570"
 
 

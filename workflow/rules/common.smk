@@ -491,3 +491,95 @@ def floor_run_files(name):
         for block in FLOOR_BLOCKS.values()
         for rep in FLOOR_REPS
     ]
+
+
+# ----------------------------------------------------------------------------- sim vs real
+# The simulator against the real engines (docs/simulator.md, "Against the real engines"): the CPU
+# platform is fitted from the floor runs only; each run of the grid is predicted on its own trace.
+PREDICTED_DIR = "results/sim_vs_real/predicted/{arm}/{engine}/{condition}/{rep}"
+
+
+def floor_trace_files(name):
+    """The floor trace file `name` of every floor run, in floor_run_files order."""
+    return [
+        rules.floor_trace.output[name].format(floor=block.shape.id, floor_rep=rep)
+        for block in FLOOR_BLOCKS.values()
+        for rep in FLOOR_REPS
+    ]
+
+
+def cpu_platform_floor_runs():
+    """Every floor run as the fit reads it: its folder, its trace's folder and its deployment."""
+    return [
+        {
+            "run_dir": str(Path(run_json).parent),
+            "trace_dir": str(Path(trace).parent),
+            "engine": block.deployment.engine,
+            "arm": block.deployment.arm,
+            "flags": list(block.deployment.flags),
+        }
+        for (block, rep), run_json, trace in zip(
+            [(block, rep) for block in FLOOR_BLOCKS.values() for rep in FLOOR_REPS],
+            floor_run_files("run.json"),
+            floor_trace_files("trace"),
+        )
+    ]
+
+
+def predicted_outputs(name):
+    return f"{PREDICTED_DIR}/{name}"
+
+
+def prediction_settings(wildcards):
+    """What the predicted run is made of: the deployment's flags, the trace's run protocol and
+    the CPU platform (its step costs are the rule's input)."""
+    if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, wildcards.rep):
+        raise ValueError(
+            f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep} "
+            "is not a run of the configured grid"
+        )
+    deployment = deployment_of(wildcards)
+    return {
+        "flags": list(deployment.flags),
+        "deployment_id": deployment.id,
+        "gpu_memory_mib": int(config["gpu"]["memory_mib"]),
+        "model_preset": config["model"].get("preset"),
+        "warmup_requests": int(config["dispatch"]["warmup_requests"]),
+        "request_timeout_s": float(config["dispatch"]["request_timeout_s"]),
+        "stream_interval": int(config["dispatch"].get("stream_interval", 1)),
+        "telemetry_step_s": float(config["telemetry"]["step_s"]),
+        "success_threshold": float(config["campaign"]["success_threshold"]),
+        "offered_load_rps": grid.offered_load(
+            CONDITIONS[wildcards.condition], config["workload"]["workers_per_graph"]
+        ),
+    }
+
+
+def sim_vs_real_pairs():
+    """Every run of the grid, real and predicted, as analysis.sim_vs_real.RunPair fields."""
+    return [
+        {
+            "engine": run.engine,
+            "arm": run.arm,
+            "condition": run.condition,
+            "rep": run.rep,
+            "rate": float(CONDITIONS[run.condition].rate),
+            "duration_s": float(CONDITIONS[run.condition].duration_s),
+            "real_dir": RUN_DIR.format(
+                arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep
+            ),
+            "predicted_dir": PREDICTED_DIR.format(
+                arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep
+            ),
+        }
+        for run in RUNS
+    ]
+
+
+def predicted_files(name):
+    return [
+        predicted_outputs(name).format(
+            arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep
+        )
+        for run in RUNS
+    ]

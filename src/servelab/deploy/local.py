@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from servelab.artifacts import read_trace_manifest, write_json, write_text
 from servelab.deploy import sglang_cpu, vllm_cpu
 from servelab.deploy.backend import RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
+from servelab.deploy.machine_load import LoadWatch, descendants
 from servelab.deploy.measure import LiveTarget, measure_live
 from servelab.deploy.tiny_model import (
     TinyModelSpec,
@@ -64,7 +65,7 @@ from servelab.deploy.tiny_model import (
 )
 from servelab.dispatch import DispatchResult, TimedAction
 from servelab.engines.registry import engine_spec
-from servelab.settings import DispatchSettings
+from servelab.settings import DispatchSettings, LocalSettings
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER
 
 __all__ = [
@@ -128,14 +129,50 @@ def _alive(pid: int | None, marker: str) -> bool:
     except OSError:
         return False
     state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    return state not in ("Z", "X") and marker in cmdline
+    if state in ("Z", "X"):
+        return False
+    # While `taskset` execs a pinned server, the command line reads empty for an instant: a child
+    # of this process that is still running is the one it started.
+    return marker in cmdline or (not cmdline.strip() and child is not None)
 
 
-def _spawn(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> int:
+def _local_settings(deployment: Mapping[str, Any]) -> LocalSettings:
+    """The deployment's pinning (config `local`, part of its identity when set)."""
+    return LocalSettings.from_section(deployment.get("local"))
+
+
+@contextlib.contextmanager
+def _affinity(cpus: Sequence[int]) -> Iterator[None]:
+    """This process (the dispatcher; the pacer it starts inherits it) on `cpus` for the block."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def pinned(cmd: list[str], cpus: Sequence[int]) -> list[str]:
+    """`cmd` run on `cpus` only (util-linux `taskset`; its children inherit the mask), or as it
+    is when no cores are named."""
+    if not cpus:
+        return list(cmd)
+    return ["taskset", "--cpu-list", ",".join(str(c) for c in cpus), *cmd]
+
+
+def _spawn(
+    cmd: list[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cpus: Sequence[int] = (),
+) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         proc = subprocess.Popen(  # detached: outlives the job that deployed it
-            cmd,
+            pinned(cmd, cpus),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -250,15 +287,20 @@ def _prometheus_config(targets_dir: Path) -> str:
     )
 
 
-def ensure_prometheus(deployments_root: str | os.PathLike[str]) -> str:
-    """Start (or find running) the results folder's Prometheus; return its base URL."""
+def ensure_prometheus(deployments_root: str | os.PathLike[str], cpus: Sequence[int] = ()) -> str:
+    """Start (or find running) the results folder's Prometheus, on `cpus` when named (the
+    client's cores: servelab.deploy.machine_load); return its base URL."""
     root = Path(deployments_root).resolve() / PROMETHEUS_DIR
     state_path = root / "prometheus.json"
     config_path = root / "prometheus.yml"
     state = _read_state(state_path)
     if state and _alive(state.get("pid"), str(config_path)):
         url = state["url"]
-        if _ready(url):
+        if list(state.get("cpus", [])) != list(cpus):
+            # started on other cores (a config that pins, after one that did not): restart it on
+            # these, so the run's CPU accounting knows where it runs
+            _terminate(int(state["pid"]), str(config_path))
+        elif _ready(url):
             return str(url)
     binary = prometheus_binary()
     if binary is None:
@@ -279,8 +321,10 @@ def ensure_prometheus(deployments_root: str | os.PathLike[str]) -> str:
         "--storage.tsdb.retention.time=30d",
         "--log.level=warn",
     ]
-    pid = _spawn(cmd, root / "prometheus.log")
-    write_json(state_path, {"pid": pid, "port": port, "url": url, "command": cmd})
+    pid = _spawn(cmd, root / "prometheus.log", cpus=cpus)
+    write_json(
+        state_path, {"pid": pid, "port": port, "url": url, "command": cmd, "cpus": list(cpus)}
+    )
     deadline = time.monotonic() + PROMETHEUS_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if not _alive(pid, str(config_path)):
@@ -593,7 +637,8 @@ class LocalBackend:
         server_log = Path(state["server_log"])
         # A real server's start-up log is its own output from this start on.
         state["server_log_offset"] = server_log.stat().st_size if server_log.is_file() else 0
-        state["pid"] = _spawn(cmd, server_log, env)
+        state["cpus"] = list(_local_settings(deployment).engine_cpus)
+        state["pid"] = _spawn(cmd, server_log, env, cpus=state["cpus"])
         state["started_unix_s"] = time.time()
         state["command"] = vllm_cpu.describe(cmd, env) if env else shlex.join(cmd)
         write_json(deployment_dir / "local.json", state)
@@ -702,7 +747,8 @@ class LocalBackend:
         manifest = read_trace_manifest(request.manifest_path)
         tokenizer = str(manifest["tokenizer"])
         stream_interval = request.dispatch.stream_interval
-        prometheus_url = ensure_prometheus(deployments_root)
+        pinning = _local_settings(deployment)
+        prometheus_url = ensure_prometheus(deployments_root, cpus=pinning.client_cpus)
 
         # one engine at a time: the other deployments' servers stop while this one measures
         for other in sorted(deployments_root.glob("*/local.json")):
@@ -716,6 +762,7 @@ class LocalBackend:
             or int(state.get("stream_interval", DispatchSettings.stream_interval))
             != stream_interval
             or list(state.get("flags", [])) != list(deployment["flags"])
+            or list(state.get("cpus", [])) != list(pinning.engine_cpus)
         ):
             log.info(
                 "run %s: (re)starting the server of deployment %s",
@@ -733,38 +780,55 @@ class LocalBackend:
 
         actions, reclaim_reason = self._fault_actions(request, deployment, deployment_dir)
 
+        prometheus_state = _read_state(deployments_root / PROMETHEUS_DIR / "prometheus.json") or {}
+
+        def owned() -> dict[str, list[int]]:
+            client = descendants(os.getpid())
+            if prometheus_state.get("pid"):
+                client.append(int(prometheus_state["pid"]))
+            return {"engine": group_members(int(state["pid"])), "client": client}
+
+        watch = LoadWatch(
+            owned,
+            engine_cpus=pinning.engine_cpus,
+            client_cpus=pinning.client_cpus,
+            max_foreign_share=pinning.max_foreign_share,
+        )
+
         def reclamation(record: Mapping[str, Any], result: DispatchResult) -> str | None:
             # Only an injected reclamation moves a local server: the run stopped there.
             return reclaim_reason if result.interrupted else None
 
-        return measure_live(
-            request,
-            LiveTarget(
-                backend=self.name,
-                base_url=state["base_url"],
-                node_identity=lambda: self._identity(deployment_dir),
-                prometheus_url=prometheus_url,
-                metrics_selector={"deployment": deployment["deployment_id"]},
-                scrape_settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
-                reclamation=reclamation,
-                extra={
-                    "local": {
-                        "server_log": state["server_log"],
-                        "prometheus_url": prometheus_url,
-                        **(
-                            {
-                                "server_command": state["command"],
-                                "model_sha256": state["model_sha256"],
-                            }
-                            if state.get("real_server")
-                            else {}
-                        ),
-                    }
-                },
-                actions=[TimedAction(**a) for a in actions] + self._engine_watch(state),
-                progress_interval_s=self.progress_interval_s,
-            ),
-        )
+        with _affinity(pinning.client_cpus):
+            return measure_live(
+                request,
+                LiveTarget(
+                    backend=self.name,
+                    base_url=state["base_url"],
+                    node_identity=lambda: self._identity(deployment_dir),
+                    prometheus_url=prometheus_url,
+                    metrics_selector={"deployment": deployment["deployment_id"]},
+                    scrape_settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
+                    reclamation=reclamation,
+                    extra={
+                        "local": {
+                            "server_log": state["server_log"],
+                            "prometheus_url": prometheus_url,
+                            **(
+                                {
+                                    "server_command": state["command"],
+                                    "model_sha256": state["model_sha256"],
+                                }
+                                if state.get("real_server")
+                                else {}
+                            ),
+                        }
+                    },
+                    actions=[TimedAction(**a) for a in actions] + self._engine_watch(state),
+                    progress_interval_s=self.progress_interval_s,
+                    machine_load=watch,
+                ),
+            )
 
     @staticmethod
     def _engine_watch(state: Mapping[str, Any]) -> list[TimedAction]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from servelab.artifacts import REQUESTS_SCHEMA, write_json, write_parquet
 from servelab.deploy.backend import RunRequest
+from servelab.deploy.machine_load import LoadWatch
 from servelab.dispatch import DispatchResult, TimedAction, dispatch_run
 from servelab.telemetry.prometheus import pull_scrape_files
 
@@ -45,11 +46,16 @@ class LiveTarget:
     node_watch_s: float = 0.0  # 0: node identity read at the start and end only
     node_change: NodeChange | None = None
     progress_interval_s: float = 10.0
+    # The machine's load over the run (servelab.deploy.machine_load): recorded in run.json, and a
+    # run whose pinned cores another job shared is refused (status failed).
+    machine_load: LoadWatch | None = None
 
 
 def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
     """Measure one attempt of a run against a live engine; write its three files; return run.json."""
     dispatch = request.dispatch
+    if target.machine_load is not None:
+        target.machine_load.start()
     table, record, result = dispatch_run(
         base_url=target.base_url,
         **request.trace_and_coordinates(),
@@ -72,6 +78,13 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         node_change=target.node_change,
         extra=dict(target.extra),
     )
+    if target.machine_load is not None:
+        load = target.machine_load.stop()
+        record["machine_load"] = load
+        if load["refused"] and record["status"] == "ok":
+            record["status"] = "failed"
+            record["refused_reason"] = f"machine load: {load['refused']}"
+            log.warning("run %s: refused: %s", record["run_id"], record["refused_reason"])
     reason = target.reclamation(record, result)
     if reason:
         record["reclaimed_reason"] = reason

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from servelab.deploy.backend import RunRequest
+from servelab.sim.cpu_platform import step_costs_from_config
 from servelab.sim.platform import PlatformModel
 from servelab.sim.run import sim_deploy, simulate_run_files
 
@@ -30,6 +31,8 @@ class SimBackend:
         self.model = dict(model)
         # config `sim`: the simulated platform's drift and noise (servelab.sim.platform)
         self.platform = PlatformModel.from_config(sim)
+        # config `gpu.step_cost`: the CPU platform's fitted step times (servelab.sim.cpu_platform)
+        self.step_costs = step_costs_from_config(self.gpu)
 
     def deploy(
         self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
@@ -44,6 +47,7 @@ class SimBackend:
             deployment_id=deployment["deployment_id"],
             startup_log_path=startup_log_path,
             timestamp=SIM_STARTUP_TIME,
+            step_costs=self.step_costs,
         )
 
     def run(self, request: RunRequest) -> dict[str, Any]:
@@ -66,4 +70,5 @@ class SimBackend:
             scrape_path=request.scrape_path,
             run_json_path=request.run_json_path,
             platform=self.platform,
+            step_costs=self.step_costs,
         )

@@ -51,6 +51,10 @@ Start-up log (common/log.cpp, common_log_entry::print; common_init sets prefix a
 common_log_get_verbosity: GGML_LOG_LEVEL_INFO -> LOG_LEVEL_TRACE), so n_batch is printed only
 at `-lv 4` or more; at the default 3 the log shows the server's "initializing, n_slots = N,
 n_ctx_slot = M, kv_unified = '...'" line but not n_batch, and chunked prefill is not confirmed.
+`render_startup_log` prints those lines for a resolved configuration (the simulator's llama-server,
+servelab.sim.llamacpp), each at the verbosity the real server prints it; `server_settings` gives
+what the server runs with beyond ResolvedConfig's fields (n_ubatch, the KV layout, the prompt
+cache's limit), by the same rules.
 
 /metrics (tools/server/server-task.cpp, server_task_result_metrics::to_metrics; `--metrics`):
 `llamacpp:*` counters and gauges with no labels. No KV-cache usage gauge, no preemption counter,
@@ -61,6 +65,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from servelab.engines.base import (
@@ -71,10 +77,18 @@ from servelab.engines.base import (
     ResolvedConfig,
     RuntimeLimits,
 )
+from servelab.engines.cmdline import parse_table
 from servelab.engines.logtext import LogLine, Reader
 from servelab.engines.spec import EngineSpec, LogFormat
 
-__all__ = ["SPEC", "mask_timestamps"]
+__all__ = [
+    "SPEC",
+    "ServerSettings",
+    "mask_timestamps",
+    "micro_batch",
+    "render_startup_log",
+    "server_settings",
+]
 
 VERSION = "0c1e570"
 # llama_build_info() (common/build-info.cpp.in): "b" + LLAMA_BUILD_NUMBER + "-" + LLAMA_COMMIT.
@@ -195,6 +209,12 @@ def _pad(n: int, to: int = CTX_PAD) -> int:
     return (n + to - 1) // to * to
 
 
+def micro_batch(n_batch: int, n_ubatch: int) -> int:
+    """The resolved n_ubatch: min(n_batch, n_ubatch or n_batch) (src/llama-context.cpp,
+    llama_context::llama_context), with n_batch already resolved."""
+    return min(n_batch, n_ubatch or n_batch)
+
+
 def resolve(
     f: EngineFlags, *, gpu_memory_mib: int, max_pos: int, version: str, gpu_name: str = ""
 ) -> ResolvedConfig:
@@ -238,7 +258,7 @@ def resolve(
         n_ctx = n_ctx_train
     n_seq_max = max(1, n_parallel)
     n_batch = min(n_ctx, n_batch)
-    n_ubatch = min(n_batch, n_ubatch or n_batch)
+    n_ubatch = micro_batch(n_batch, n_ubatch)
     n_ctx = _pad(n_ctx)
     if kv_unified:
         n_ctx_seq = n_ctx
@@ -276,6 +296,73 @@ def resolve(
         cuda_graph_max_bs=None,
         overlap_schedule=None,
         flags=f.flags,
+    )
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What llama-server runs with beyond `ResolvedConfig`'s fields, derived from the resolved
+    configuration and its flags by the rules `resolve` applies (module docstring, steps 1-4).
+
+    `n_ubatch` is llama_context's micro-batch; `kv_unified` whether the slots share one KV stream
+    (auto slots force it on); `n_ctx_seq` a stream's cells; `cache_ram_mib` the host-memory prompt
+    cache's limit (-1 no limit, 0 disabled; common/common.h, common_params::cache_ram_mib);
+    `slot_prompt_similarity` the server's default 0.1 (common/common.h,
+    common_params::slot_prompt_similarity; `-sps` is not in FLAG_TABLE); `flash_attn` as
+    llama_context prints it (auto, enabled, disabled).
+    """
+
+    n_parallel: int
+    parallel_auto: bool
+    kv_unified: bool
+    n_ctx: int
+    n_ctx_seq: int
+    n_ctx_slot: int
+    n_batch: int
+    n_ubatch: int
+    cache_ram_mib: int
+    slot_prompt_similarity: float
+    verbosity: int
+    flash_attn: str
+    threads: int
+    warmup: bool
+    host: str
+    port: int
+
+
+SLOT_PROMPT_SIMILARITY = 0.1  # common/common.h, common_params::slot_prompt_similarity
+
+
+def server_settings(resolved: ResolvedConfig) -> ServerSettings:
+    """`resolved`'s llama-server settings (see ServerSettings)."""
+    if resolved.engine != "llamacpp":
+        raise ValueError(f"server_settings: a llamacpp configuration, got {resolved.engine!r}")
+    a = parse_table("llamacpp", FLAG_TABLE, resolved.flags, normalise=normalise_flags).args
+    assert resolved.max_total_tokens is not None
+    parallel_auto = int(a["parallel"]) < 0
+    n_parallel = AUTO_SLOTS if parallel_auto else int(a["parallel"])
+    kv_unified = True if parallel_auto else bool(a["kv_unified"])
+    n_ctx = int(resolved.max_total_tokens)
+    n_batch = int(resolved.token_budget)
+    fa = str(a["flash_attn"])
+    return ServerSettings(
+        n_parallel=n_parallel,
+        parallel_auto=parallel_auto,
+        kv_unified=kv_unified,
+        n_ctx=n_ctx,
+        n_ctx_seq=n_ctx if kv_unified else n_ctx // max(1, n_parallel),
+        n_ctx_slot=int(resolved.context_len),
+        n_batch=n_batch,
+        n_ubatch=micro_batch(n_batch, int(a["ubatch_size"])),
+        cache_ram_mib=int(a["cache_ram"]),
+        slot_prompt_similarity=SLOT_PROMPT_SIMILARITY,
+        verbosity=int(a["verbosity"]),
+        # src/llama-context.cpp, llama_context::llama_context prints llama_flash_attn_type_name
+        flash_attn="enabled" if fa in _TRUTHY else "disabled" if fa in _FALSEY else "auto",
+        threads=int(a["threads"]),
+        warmup=bool(a["warmup"]),
+        host=str(a["host"]),
+        port=int(a["port"]),
     )
 
 
@@ -388,6 +475,150 @@ def read_log(lines: list[LogLine]) -> Reader:
     return r
 
 
+# Log levels of common/log.h: a record is printed when its level <= --log-verbosity. LOG_INF is
+# INFO; LOG_TRC (SRV_TRC, SLT_TRC) and the llama library's INFO lines are TRACE (common/log.cpp,
+# common_log_get_verbosity: GGML_LOG_LEVEL_INFO -> LOG_LEVEL_TRACE).
+_WARN, _INFO, _TRACE = 2, 3, 4
+
+
+def _elapsed(us: int) -> str:
+    """common/log.cpp, common_log_entry::print: minutes.seconds.milliseconds.microseconds."""
+    return f"{us // 60_000_000}.{us // 1_000_000 % 60:02d}.{us // 1000 % 1000:03d}.{us % 1000:03d}"
+
+
+def render_startup_log(
+    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
+) -> list[str]:
+    """llama-server's stderr up to its readiness line, as the real build prints it for `r`'s flags
+    (the captured tests/data/engine-logs/llamacpp-0c1e570-*.log): every line `read_log` reads, at
+    the verbosity the flags set. As on the real server, the llama library's `llama_context:` lines
+    (n_batch among them) appear only at `--log-verbosity 4` or more, so at the default 3 the log
+    does not confirm chunked prefill. `t0` plays no part: llama-server stamps each line with the
+    time elapsed since start (fixed illustrative offsets here). `kv_tokens` is the KV cells
+    allocated (n_ctx) and `kv_bytes` the bytes one token's K and V take; the model's own lines
+    (GGUF metadata, `print_info:`) are not rendered: the resolved configuration does not hold them.
+    Machine-specific lines (device and system info, thread counts not given by a flag) are left out.
+    """
+    del t0
+    st = server_settings(r)
+    lines: list[str] = []
+
+    def log(ms: float, level: int, message: str) -> None:
+        if level <= st.verbosity:
+            letter = "W" if level == _WARN else "I"
+            lines.append(f"{_elapsed(round(ms * 1000))} {letter} {message}")
+
+    log(1.2, _INFO, "srv  llama_server: initializing ...")
+    # common/common.cpp, common_params_print_info (build line: TRACE; verbosity line: INFO)
+    build, _, commit = PRINTED_VERSION.removeprefix("b").partition("-")
+    log(
+        3.3,
+        _TRACE,
+        f"cmn  common_param: common_params_print_info: build {build} ({commit}) with GNU 12.2.0 for "
+        "Linux x86_64",
+    )
+    log(
+        3.3,
+        _INFO,
+        f"cmn  common_param: common_params_print_info: verbosity = {st.verbosity} "
+        "(adjust with the `-lv N` CLI arg)",
+    )
+    if st.parallel_auto:  # tools/server/server.cpp, llama_server
+        log(
+            3.4,
+            _TRACE,
+            f"srv  llama_server: n_parallel is set to auto, using n_parallel = {st.n_parallel} "
+            "and kv_unified = true",
+        )
+    log(3.5, _TRACE, "srv  init_listene: running without SSL")
+    log(
+        3.6,
+        _WARN,
+        "srv  llama_server: security: no API key is set and CORS allows all origins "
+        "(see https://github.com/ggml-org/llama.cpp/pull/25655)",
+    )
+    log(5.1, _INFO, f"srv    load_model: loading model '{r.model}'")
+    log(5.1, _TRACE, f"srv    load_model: local path '{r.model}'")
+    log(
+        1352.7,
+        _TRACE,
+        f"load_tensors:   CPU_Mapped model buffer size = {weights_gib * 1024:8.2f} MiB",
+    )
+    # src/llama-context.cpp, llama_context::llama_context
+    log(1357.1, _TRACE, "llama_context: constructing llama_context")
+    for ms, name, value in (
+        (1357.12, "n_seq_max", str(max(1, st.n_parallel))),
+        (1357.14, "n_ctx", str(st.n_ctx)),
+        (1357.15, "n_ctx_seq", str(st.n_ctx_seq)),
+        (1357.17, "n_batch", str(st.n_batch)),
+        (1357.18, "n_ubatch", str(st.n_ubatch)),
+        (1357.20, "causal_attn", "1"),
+        (1357.21, "flash_attn", st.flash_attn),
+        (1357.23, "kv_unified", "true" if st.kv_unified else "false"),
+    ):
+        log(ms, _TRACE, f"llama_context: {name:<21} = {value}")
+    log(
+        1357.5,
+        _TRACE,
+        f"llama_kv_cache:        CPU KV buffer size = {kv_tokens * kv_bytes / 2**20:8.2f} MiB",
+    )
+    if st.threads > 0:
+        log(1358.5, _INFO, f"cmn          init: llama threadpool init, n_threads = {st.threads}")
+    if st.warmup:
+        log(
+            1358.6,
+            _TRACE,
+            "cmn  common_init_: warming up the model with an empty run - please wait ... "
+            "(--no-warmup to disable)",
+        )
+    # tools/server/server-context.cpp, load_model
+    unified = "true" if st.kv_unified else "false"
+    log(
+        1821.3,
+        _INFO,
+        f"srv    load_model: initializing, n_slots = {st.n_parallel}, n_ctx_slot = "
+        f"{st.n_ctx_slot}, kv_unified = '{unified}'",
+    )
+    for i in range(st.n_parallel):
+        log(
+            1821.33,
+            _TRACE,
+            f"slot   load_model: id {i:2d} | task -1 | new slot, n_ctx = {st.n_ctx_slot}",
+        )
+    if st.cache_ram_mib != 0:
+        limit = "no limit" if st.cache_ram_mib < 0 else f"{st.cache_ram_mib} MiB"
+        log(1821.34, _TRACE, f"srv    load_model: prompt cache is enabled, size limit: {limit}")
+        log(1821.34, _TRACE, "srv    load_model: use `--cache-ram 0` to disable the prompt cache")
+    else:
+        log(
+            1821.34,
+            _TRACE,
+            "srv    load_model: prompt cache is disabled - use `--cache-ram N` to enable it",
+        )
+    log(
+        1821.34,
+        _TRACE,
+        "srv    load_model: for more info see https://github.com/ggml-org/llama.cpp/pull/16391",
+    )
+    # common/common.h: n_ctx_checkpoints 32, checkpoint_min_step 8192
+    log(
+        1821.34,
+        _TRACE,
+        "srv    load_model: context checkpoints enabled, max = 32, min spacing = 8192",
+    )
+    if st.cache_ram_mib != 0:  # tools/server/server-context.cpp, init (cache_idle_slots, on)
+        cleared = " and cleared" if st.kv_unified else ""
+        log(
+            1821.35,
+            _TRACE,
+            f"srv          init: idle slots will be saved to prompt cache{cleared} upon starting "
+            "a new task",
+        )
+    log(1824.5, _INFO, "srv  llama_server: model loaded")
+    log(1824.6, _INFO, f"srv  llama_server: listening on http://{st.host}:{st.port}")
+    return lines
+
+
 _STAMP_AT_START = re.compile(rf"^{_STAMP} ")
 
 
@@ -483,5 +714,5 @@ SPEC = EngineSpec(
     # token ending inside a UTF-8 character or a possible stop string is held back and sent with
     # the next one.
     stream_interval=1,
-    render_startup_log=None,
+    render_startup_log=render_startup_log,
 )

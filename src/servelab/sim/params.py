@@ -33,6 +33,14 @@ class EngineParams:
     max_seq_len_to_capture: int = 8192  # vLLM: decode with a longer context runs eagerly
     cuda_graph_max_bs: int = 256  # largest decode batch replayed from a CUDA graph
     overlap_schedule: bool = True  # SGLang
+    # llama.cpp (sim.llamacpp): n_ubatch, the micro-batch llama_decode splits a batch into (None:
+    # the token budget, n_batch); --slot-prompt-similarity; whether the slots share one KV stream
+    # (kv_unified: then the KV capacity is shared and micro-batches are plain n_ubatch-token cuts);
+    # the host-memory prompt cache's limit in MiB (--cache-ram: -1 no limit, 0 disabled)
+    ubatch_size: int | None = None
+    slot_prompt_similarity: float = 0.1
+    kv_unified: bool = True
+    cache_ram_mib: int = 8192
 
     def __post_init__(self) -> None:
         if self.kv_capacity_tokens <= 0:

@@ -89,6 +89,10 @@ GPUS: dict[str, GpuPreset] = {
     "A100-80GB": GpuPreset("A100-80GB", 312e12, 2039e9, 81920, 40 * 2**20),
     # H100 SXM5 80GB: 989 TFLOPS dense BF16, 3350 GB/s HBM3; nvidia-smi reports 81559 MiB.
     "H100-80GB": GpuPreset("H100-80GB", 989e12, 3350e9, 81559, 50 * 2**20),
+    # The CPU platform (real engines on this machine class): no roofline, each engine's step
+    # time is fitted from its unloaded floor (servelab.sim.cpu_platform, config gpu.step_cost);
+    # the memory is config gpu.memory_mib.
+    "CPU": GpuPreset("CPU", 0.0, 0.0, 24000, 0),
 }
 
 MODELS: dict[str, ModelPreset] = {
@@ -117,6 +121,22 @@ MODELS: dict[str, ModelPreset] = {
         vocab_size=152064,
         max_position_embeddings=32768,
         bos_token_id=None,  # Qwen2 tokenizers add no BOS token
+    ),
+    # servelab's shared tiny model (servelab.deploy.tiny_model.SHARED_SPEC, served as
+    # servelab/tiny-llama3-2x64-hd32): the Llama-3 vocabulary on 2 layers of width 64, in float32.
+    "tiny-llama3-2x64-hd32": ModelPreset(
+        name="tiny-llama3-2x64-hd32",
+        hf_id="servelab/tiny-llama3-2x64-hd32",
+        num_layers=2,
+        hidden_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        bos_token_id=128000,
+        dtype_bytes=4,
     ),
 }
 

@@ -36,6 +36,7 @@ from servelab.runrecord import build_run_record
 from servelab.settings import PlatformSettings
 from servelab.sim.base import EngineModel
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration, CostModel
+from servelab.sim.cpu_platform import StepCost, step_costs_from_config
 from servelab.sim.memory import KvCapacity
 from servelab.sim.models import build_model, engine_params, simulated_engine
 from servelab.sim.params import EngineParams
@@ -93,8 +94,12 @@ def build_engine(
     calibration: Calibration = DEFAULT_CALIBRATION,
     track_emitted: bool = True,
     slowdown: float = 1.0,
+    step_costs: Mapping[str, Any] | None = None,
 ) -> SimEngine:
-    """Resolve `flags` by `engine`'s rules and build its model (also used by a real-time server)."""
+    """Resolve `flags` by `engine`'s rules and build its model (also used by a real-time server).
+
+    On the CPU platform (`gpu_name` CPU) the step time is the engine's fitted `StepCost` from
+    `step_costs` (config `gpu.step_cost`; servelab.sim.cpu_platform) instead of the roofline."""
     gpu = gpu_preset(gpu_name)
     mem = int(gpu_memory_mib if gpu_memory_mib is not None else gpu.memory_mib)
     preset = model_preset(model_preset_name)
@@ -107,7 +112,18 @@ def build_engine(
     )
     cap = kv_capacity(resolved, preset, gpu, mem)
     params = engine_params(resolved, kv_capacity_tokens=cap.tokens)
-    cost = CostModel(preset, gpu, engine, calibration, slowdown=slowdown)
+    cost: Any
+    if gpu.name == "CPU":
+        fitted = (step_costs or {}).get(engine)
+        if fitted is None:
+            raise ValueError(
+                f"config key gpu.step_cost.{engine}: the CPU platform has no fitted step time for "
+                f"{engine} (fit it from the engine's floor: the cpu_platform rule, "
+                'docs/simulator.md "Against the real engines")'
+            )
+        cost = fitted.with_slowdown(slowdown) if isinstance(fitted, StepCost) else fitted
+    else:
+        cost = CostModel(preset, gpu, engine, calibration, slowdown=slowdown)
     model = build_model(params, preset, cost, track_emitted=track_emitted)
     return SimEngine(resolved, cap, params, model, preset, gpu)
 
@@ -131,6 +147,7 @@ def sim_deploy(
     deployment_id: str,
     startup_log_path: str | os.PathLike[str],
     timestamp: datetime | str,
+    step_costs: Mapping[str, Any] | None = None,
 ) -> ResolvedConfig:
     """Resolve the configuration, derive the KV capacity, write the engine's start-up log."""
     sim = build_engine(
@@ -139,6 +156,7 @@ def sim_deploy(
         gpu_name=gpu_name,
         gpu_memory_mib=gpu_memory_mib,
         model_preset_name=model_preset,
+        step_costs=step_costs,
     )
     text = render_startup_log(
         sim.resolved,
@@ -287,6 +305,7 @@ def simulate_run_files(
     run_json_path: str | os.PathLike[str],
     calibration: Calibration = DEFAULT_CALIBRATION,
     platform: PlatformModel | None = None,
+    step_costs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record.
 
@@ -320,6 +339,7 @@ def simulate_run_files(
         calibration=calibration,
         track_emitted=False,
         slowdown=drift * noise,
+        step_costs=step_costs,
     )
     prompts = {rid: p.token_ids for rid, p in trace.prompts.items()}
     first_tokens = {int(ids[0]) for ids in prompts.values() if ids.shape[0]}
@@ -349,6 +369,11 @@ def simulate_run_files(
             "iterations": outcome.iterations,
             "virtual_duration_s": outcome.end_s,
             "calibration": calibration.to_dict(),
+            **(
+                {"step_cost": sim_step_cost.coefficients()}
+                if isinstance(sim_step_cost := (step_costs or {}).get(engine), StepCost)
+                else {}
+            ),
             "platform": {
                 **platform.to_dict(),
                 "drift": drift,
@@ -436,6 +461,7 @@ def simulate_config_run(
         run_json_path=out / "run.json",
         calibration=calibration,
         platform=platform or sim_platform(config),
+        step_costs=step_costs_from_config(config["gpu"]),
     )
 
 

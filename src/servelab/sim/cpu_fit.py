@@ -1,0 +1,379 @@
+"""The CPU platform's fit: each engine's `StepCost` from its unloaded floor, and nothing else
+(docs/simulator.md, "Against the real engines").
+
+Every floor run is a closed-loop chain of single requests (servelab.workload.floor); config
+`floor.shapes` adds the single-request step sweep: fresh prompts of several lengths. Each floor
+request is replayed alone through the engine's own simulated scheduler with a `FeatureRecorder` in
+place of a cost model, which records the features of every forward pass the request takes: the
+passes up to its first token (several when the arm chunks prefill, or llama.cpp splits a batch into
+micro-batches) sum to its TTFT, each later pass is one inter-token gap. Both arms of an engine are
+pooled: a chunked arm's TTFT holds more passes than an unchunked arm's for the same tokens, which is
+what separates `step_s` from the per-request terms (with one request at a time a pass and its one
+sampled sequence always come together). Non-negative least squares (scipy.optimize.nnls) on
+relative error gives the coefficients; the fit report keeps the residuals.
+
+`predict_run` then runs one loaded run of the grid on the fitted platform (the sim_vs_real rules).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from scipy.optimize import nnls
+
+from servelab.artifacts import write_json
+from servelab.settings import PlatformSettings
+from servelab.sim.cpu_platform import COEFFICIENTS, FEATURES, FeatureRecorder, StepCost
+from servelab.sim.platform import PlatformModel
+from servelab.sim.run import build_engine, simulate_run_files
+from servelab.workload.loader import load_trace
+
+__all__ = [
+    "FitRow",
+    "FloorRun",
+    "fit_step_cost",
+    "floor_noise",
+    "floor_rows",
+    "predict_run",
+    "read_step_costs",
+    "write_cpu_platform",
+]
+
+
+# --------------------------------------------------------------------------- the floor's rows
+
+
+@dataclass(frozen=True)
+class FloorRun:
+    """One floor run: its folder (requests.parquet, run.json), its trace and its deployment."""
+
+    run_dir: Path
+    trace_dir: Path
+    engine: str
+    arm: str
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FitRow:
+    """One observed time and the features of the iterations it spans."""
+
+    run: str
+    request_id: str
+    kind: str  # "ttft" or "itl"
+    observed_s: float
+    features: np.ndarray
+
+
+def _observed(
+    row: Mapping[str, Any],
+) -> tuple[float, list[float]] | None:
+    """(TTFT, inter-token gaps between single-token chunks) of one ok request, or None."""
+    times = list(row["chunk_times_s"])
+    tokens = list(row["chunk_tokens"])
+    start = row["sent_s"]  # TTFT as the analysis measures it (servelab.analysis.reduce)
+    if row["status"] != "ok" or start is None or not times:
+        return None
+    first = next((i for i, n in enumerate(tokens) if n > 0), None)
+    if first is None:
+        return None
+    ttft = float(times[first]) - float(start)
+    gaps = [
+        float(times[i]) - float(times[i - 1])
+        for i in range(first + 1, len(times))
+        if tokens[i] == 1 and tokens[i - 1] >= 1
+    ]
+    return ttft, gaps
+
+
+def _replay(
+    model: Any, recorder: FeatureRecorder, group: Sequence[tuple[str, np.ndarray, int]], now: float
+) -> tuple[dict[str, list[np.ndarray]], float]:
+    """Send `group` (request id, prompt ids, max_tokens) together at `now` and step the model
+    until it is idle: per request, the summed features of the passes up to each of its tokens
+    (the first: its TTFT; each later one: an inter-token gap)."""
+    for rid, ids, max_tokens in group:
+        model.add_request(rid, ids, max_tokens, now)
+    per_token: dict[str, list[np.ndarray]] = {rid: [] for rid, _ids, _n in group}
+    pending = {rid: np.zeros(len(FEATURES)) for rid in per_token}
+    for _ in range(100_000):  # bounded: one group's passes
+        if not model.has_work():
+            break
+        mark = len(recorder.calls)
+        it = model.step(now)
+        now = it.end_s
+        features = sum(recorder.calls[mark:], np.zeros(len(FEATURES)))
+        for rid in pending:
+            pending[rid] = pending[rid] + features
+        for rid in it.emitted:
+            if rid in pending:
+                per_token[rid].append(pending[rid])
+                pending[rid] = np.zeros(len(FEATURES))
+    return per_token, now
+
+
+def _warmup_prompt(k: int, prompt_tokens: int, bos: bool) -> np.ndarray:
+    """A stand-in for a warm-up's prompt: its length as the engine counted it, first token
+    distinct per warm-up (the live warm-ups share no prefix: servelab.workload.warmup_prompts)."""
+    n = max(prompt_tokens - (1 if bos else 0), 1)
+    return (1000 + 7919 * (k + 1) + np.arange(n, dtype=np.int64) % 50000).astype(np.int64)
+
+
+def floor_rows(run: FloorRun, *, gpu_memory_mib: int, model_preset: str) -> list[FitRow]:
+    """Every floor request of `run` replayed through the engine's simulated scheduler as it was
+    sent: the run's warm-ups together (the floor's only passes with more than one sequence: the
+    decode cost against batch size), then the floor's requests one at a time. One TTFT row and one
+    row per inter-token gap, each with the features of the passes it spans."""
+    requests = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
+    trace = load_trace(run.trace_dir / "trace.parquet", run.trace_dir / "manifest.json")
+    recorder = FeatureRecorder()
+    sim = build_engine(
+        engine=run.engine,
+        flags=list(run.flags),
+        gpu_name="CPU",
+        gpu_memory_mib=gpu_memory_mib,
+        model_preset_name=model_preset,
+        step_costs={run.engine: recorder},
+    )
+    model = sim.model
+    sent = [r for r in requests if r["sent_s"] is not None]
+    warmups = [r for r in sent if r["warmup"]]
+    measured = sorted(
+        (r for r in sent if not r["warmup"]), key=lambda r: (r["sent_s"], r["request_id"])
+    )
+    label = str(run.run_dir)
+    rows: list[FitRow] = []
+    now = 0.0
+    groups: list[tuple[list[dict[str, Any]], bool]] = []
+    if warmups and all(r["prompt_tokens"] for r in warmups):
+        groups.append((warmups, True))
+    groups += [([r], k > 0) for k, r in enumerate(measured)]
+    bos = sim.model_preset.bos_token_id is not None
+    for group, fitted in groups:
+        prompts = [
+            (
+                r["request_id"],
+                _warmup_prompt(k, int(r["prompt_tokens"]), bos)
+                if r["warmup"]
+                else trace.prompts[r["request_id"]].token_ids,
+                int(r["max_tokens"]),
+            )
+            for k, r in enumerate(group)
+        ]
+        per_token, now = _replay(model, recorder, prompts, now)
+        # The first floor request may meet a prefix cache the real engine kept from an earlier
+        # run of the deployment, which the replay cannot know: it is not a fitting row.
+        if not fitted:
+            continue
+        for req in group:
+            observed, tokens = _observed(req), per_token[req["request_id"]]
+            if observed is None or not tokens:
+                continue
+            ttft, gaps = observed
+            rows.append(FitRow(label, req["request_id"], "ttft", ttft, tokens[0]))
+            for gap, features in zip(gaps, tokens[1:], strict=False):
+                rows.append(FitRow(label, req["request_id"], "itl", gap, features))
+    return rows
+
+
+def fit_step_cost(
+    engine: str, runs: Sequence[FloorRun], *, gpu_memory_mib: int, model_preset: str
+) -> tuple[StepCost, dict[str, Any]]:
+    """The engine's StepCost from its floor runs (both arms pooled), and the fit's report.
+
+    Each TTFT row and the median of each (run, request) ITL group enter once, weighted by
+    1 / observed (least squares on relative error: a 4 ms gap and a 60 ms TTFT count alike)."""
+    mine = [r for r in runs if r.engine == engine]
+    if not mine:
+        raise ValueError(f"fit of {engine}: no floor run of that engine")
+    rows = [
+        row
+        for run in mine
+        for row in floor_rows(run, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset)
+    ]
+    equations: list[tuple[np.ndarray, float, str]] = []
+    itl_groups: dict[tuple[str, str], list[FitRow]] = {}
+    for row in rows:
+        if row.kind == "ttft":
+            equations.append((row.features, row.observed_s, "ttft"))
+        else:
+            itl_groups.setdefault((row.run, row.request_id), []).append(row)
+    for group in itl_groups.values():
+        observed = float(np.median([g.observed_s for g in group]))
+        features = np.median(np.stack([g.features for g in group]), axis=0)
+        equations.append((features, observed, "itl"))
+    if len(equations) < len(FEATURES):
+        raise ValueError(
+            f"fit of {engine}: {len(equations)} equations for {len(FEATURES)} coefficients"
+        )
+    x = np.stack([e[0] for e in equations])
+    y = np.array([e[1] for e in equations])
+    weights = 1.0 / np.maximum(y, 1e-6)
+    # Columns scaled to unit size so that nnls sees a well-conditioned problem.
+    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+    solution, _ = nnls((x / scale) * weights[:, None], y * weights, maxiter=10_000)
+    coefficients = solution / scale
+    cost = StepCost(
+        engine, **dict(zip(COEFFICIENTS, (float(c) for c in coefficients), strict=True))
+    )
+    predicted = x @ coefficients
+    relative = predicted / y - 1.0
+    report: dict[str, Any] = {"engine": engine, "coefficients": cost.coefficients()}
+    for kind in ("ttft", "itl"):
+        mask = np.array([e[2] == kind for e in equations])
+        if mask.any():
+            report[kind] = {
+                "equations": int(mask.sum()),
+                "median_abs_rel_error": round(float(np.median(np.abs(relative[mask]))), 4),
+                "p90_abs_rel_error": round(float(np.quantile(np.abs(relative[mask]), 0.9)), 4),
+            }
+    report["runs"] = sorted({str(r.run_dir) for r in mine})
+    return cost, report
+
+
+# --------------------------------------------------------------------------- the workflow's steps
+
+
+def write_cpu_platform(
+    floor_runs: Sequence[Mapping[str, Any]],
+    *,
+    gpu_memory_mib: int,
+    model_preset: str | None,
+    out_path: str | Path,
+) -> dict[str, Any]:
+    """Fit every engine of the floor runs and write the platform file: per engine, the
+    coefficients (config `gpu.step_cost`'s form) and the fit's report."""
+    if not model_preset:
+        raise ValueError(
+            "config key model.preset: the CPU platform's fit replays the floor through the "
+            "simulated engine, which needs the model's preset (tiny-llama3-2x64-hd32 for the "
+            "shared tiny model)"
+        )
+    every = [
+        FloorRun(
+            run_dir=Path(r["run_dir"]),
+            trace_dir=Path(r["trace_dir"]),
+            engine=str(r["engine"]),
+            arm=str(r["arm"]),
+            flags=tuple(str(f) for f in r["flags"]),
+        )
+        for r in floor_runs
+    ]
+    # A floor run that is not `ok` (refused for its machine load, failed) is no measurement.
+    status = {
+        r.run_dir: json.loads((r.run_dir / "run.json").read_text(encoding="utf-8"))["status"]
+        for r in every
+    }
+    runs = [r for r in every if status[r.run_dir] == "ok"]
+    skipped = sorted(str(r.run_dir) for r in every if status[r.run_dir] != "ok")
+    engines: dict[str, Any] = {}
+    for engine in sorted({r.engine for r in runs}):
+        cost, report = fit_step_cost(
+            engine, runs, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset
+        )
+        engines[engine] = {
+            "step_cost": cost.coefficients(),
+            "fit": report,
+            "noise": floor_noise([r for r in runs if r.engine == engine]),
+        }
+    record = {"model_preset": model_preset, "engines": engines, "skipped_runs": skipped}
+    write_json(out_path, record)
+    return record
+
+
+def floor_noise(runs: Sequence[FloorRun]) -> dict[str, Any]:
+    """The platform's noise, measured as the floor is: the spread of repeated floors. Per
+    (arm, shape) with two or more repetitions, the sd of ln(median TTFT) and of ln(median ITL)
+    across them; pooled as the root mean square over those groups."""
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for run in runs:
+        requests = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
+        ttft, gaps = [], []
+        for req in requests:
+            observed = None if req["warmup"] else _observed(req)
+            if observed is not None:
+                ttft.append(observed[0])
+                gaps.extend(observed[1])
+        if ttft and gaps:
+            shape = run.trace_dir.parent.name  # the floor id (floor-s0.50-L1024)
+            groups.setdefault((run.arm, shape), []).append(
+                (float(np.median(ttft)), float(np.median(gaps)))
+            )
+    spreads = {
+        f"{arm}/{shape}": [float(np.std(np.log(v), ddof=1)) for v in zip(*values, strict=True)]
+        for (arm, shape), values in sorted(groups.items())
+        if len(values) >= 2
+    }
+    if not spreads:
+        return {"groups": 0, "ttft_ln_sd": None, "itl_ln_sd": None}
+    pooled = np.sqrt(np.mean(np.square(list(spreads.values())), axis=0))
+    return {
+        "groups": len(spreads),
+        "ttft_ln_sd": round(float(pooled[0]), 4),
+        "itl_ln_sd": round(float(pooled[1]), 4),
+        "per_group": {k: [round(x, 4) for x in v] for k, v in spreads.items()},
+    }
+
+
+def read_step_costs(platform_path: str | Path) -> dict[str, StepCost]:
+    """The step costs of a platform file written by `write_cpu_platform`."""
+    data = json.loads(Path(platform_path).read_text(encoding="utf-8"))
+    return {
+        engine: StepCost.from_mapping(
+            engine, entry["step_cost"], f"{platform_path}: engines.{engine}.step_cost"
+        )
+        for engine, entry in data["engines"].items()
+    }
+
+
+def predict_run(
+    settings: Mapping[str, Any],
+    *,
+    platform_path: str | Path,
+    trace_path: str | Path,
+    manifest_path: str | Path,
+    arm: str,
+    engine: str,
+    condition: str,
+    rep: str,
+    requests_path: str | Path,
+    scrape_path: str | Path,
+    run_json_path: str | Path,
+) -> dict[str, Any]:
+    """One run of the grid predicted on the fitted CPU platform: the simulated engine on the
+    run's own trace and protocol, no drift or noise (the platform's noise is measured from the
+    floor instead: docs/simulator.md)."""
+    if not settings.get("model_preset"):
+        raise ValueError("config key model.preset: required to predict a run on the CPU platform")
+    return simulate_run_files(
+        trace_path=trace_path,
+        manifest_path=manifest_path,
+        arm=arm,
+        engine=engine,
+        condition=condition,
+        rep=rep,
+        flags=list(settings["flags"]),
+        gpu_name="CPU",
+        gpu_memory_mib=int(settings["gpu_memory_mib"]),
+        model_preset=str(settings["model_preset"]),
+        deployment_id=str(settings["deployment_id"]),
+        warmup_requests=int(settings["warmup_requests"]),
+        request_timeout_s=float(settings["request_timeout_s"]),
+        stream_interval=int(settings["stream_interval"]),
+        telemetry_step_s=float(settings["telemetry_step_s"]),
+        success_threshold=float(settings["success_threshold"]),
+        offered_load_rps=float(settings["offered_load_rps"]),
+        attempt=1,
+        faults=[],
+        requests_path=requests_path,
+        scrape_path=scrape_path,
+        run_json_path=run_json_path,
+        platform=PlatformModel(PlatformSettings(enabled=False)),
+        step_costs=read_step_costs(platform_path),
+    )

@@ -1,0 +1,156 @@
+"""The simulator's CPU platform: each real engine's step time on this machine class, as a linear model
+fitted from the engine's unloaded floor only (the fit: servelab.sim.cpu_fit; docs/simulator.md,
+"Against the real engines").
+
+On the L4 the step time is a roofline with calibrated efficiencies (`sim.cost`). On the CPU both
+real engines run here, so the cost side is measured instead of assumed: one linear model per
+engine,
+
+    t(step) = step_s                          every forward pass (scheduling, input preparation)
+            + per_token_s     · tokens        tokens computed (prefill not served from cache, decode)
+            + per_sampled_s   · sampled       sequences sampled (LM head over 128,256 logits,
+                                              sampler, detokenising and streaming one token)
+            + per_attn_pair_s · attn_pairs    prefill attention (query × context pairs)
+            + per_kv_token_s  · kv_tokens     KV entries read or written
+            + per_admitted_s  · admitted      requests whose prefill starts in the step (the HTTP
+                                              front end's tokenising and request set-up, on the
+                                              same pinned core)
+
+with `StepCost.iteration_time` the same method the engine models call on the L4 cost model, so the
+scheduling logic (`sim.vllm`, `sim.llamacpp`) is unchanged on it. Config `gpu.step_cost` holds the
+coefficients per engine (the sim backend on `gpu.name: CPU`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["COEFFICIENTS", "FEATURES", "FeatureRecorder", "StepCost", "step_costs_from_config"]
+
+# The features of one forward pass, in the order of StepCost's coefficients.
+FEATURES = ("step", "tokens", "sampled", "attn_pairs", "kv_tokens", "admitted")
+COEFFICIENTS = (
+    "step_s",
+    "per_token_s",
+    "per_sampled_s",
+    "per_attn_pair_s",
+    "per_kv_token_s",
+    "per_admitted_s",
+)
+
+
+def _features(
+    *, tokens: int, sampled: int, attn_pairs: float, kv_tokens: float, admitted: int
+) -> np.ndarray:
+    return np.array(
+        [1.0, float(tokens), float(sampled), float(attn_pairs), float(kv_tokens), float(admitted)]
+    )
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One real engine's fitted step time on the CPU platform (module docstring): the same
+    `iteration_time` the engine models call on the L4's `CostModel`."""
+
+    engine: str
+    step_s: float
+    per_token_s: float
+    per_sampled_s: float
+    per_attn_pair_s: float
+    per_kv_token_s: float
+    per_admitted_s: float
+    slowdown: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in COEFFICIENTS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"step cost of {self.engine}: {name} = {value} is not >= 0")
+        if not self.slowdown > 0:
+            raise ValueError(f"slowdown: must be positive, got {self.slowdown}")
+
+    @classmethod
+    def from_mapping(cls, engine: str, values: Mapping[str, Any], where: str) -> StepCost:
+        missing = [k for k in COEFFICIENTS if k not in values]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        return cls(engine, **{k: float(values[k]) for k in COEFFICIENTS})
+
+    def coefficients(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in COEFFICIENTS}
+
+    def with_slowdown(self, slowdown: float) -> StepCost:
+        return dataclasses.replace(self, slowdown=float(slowdown))
+
+    def iteration_time(
+        self,
+        *,
+        tokens: int,
+        seqs: int,
+        sampled: int,
+        attn_pairs: float,
+        kv_tokens: float,
+        cuda_graph: bool,
+        kv_repeat: float = 0.0,
+        admitted: int = 0,
+    ) -> float:
+        """Seconds for one forward pass (arguments as `sim.cost.CostModel.iteration_time`; `seqs`,
+        `cuda_graph` and `kv_repeat` carry nothing on a CPU: no graphs, no cache hierarchy the
+        model separates)."""
+        del seqs, cuda_graph, kv_repeat
+        t = (
+            self.step_s
+            + self.per_token_s * tokens
+            + self.per_sampled_s * sampled
+            + self.per_attn_pair_s * attn_pairs
+            + self.per_kv_token_s * kv_tokens
+            + self.per_admitted_s * admitted
+        )
+        return t * self.slowdown
+
+
+def step_costs_from_config(gpu: Mapping[str, Any]) -> dict[str, StepCost]:
+    """config `gpu.step_cost`: engine -> its StepCost (empty when the section has none)."""
+    return {
+        engine: StepCost.from_mapping(engine, values, f"config key gpu.step_cost.{engine}")
+        for engine, values in (gpu.get("step_cost") or {}).items()
+    }
+
+
+@dataclass
+class FeatureRecorder:
+    """A stand-in cost model that records each forward pass's features and returns a fixed
+    duration (with one request at a time, durations change no scheduling decision)."""
+
+    duration_s: float = 1e-3
+    calls: list[np.ndarray] = field(default_factory=list)
+
+    def iteration_time(
+        self,
+        *,
+        tokens: int,
+        seqs: int,
+        sampled: int,
+        attn_pairs: float,
+        kv_tokens: float,
+        cuda_graph: bool,
+        kv_repeat: float = 0.0,
+        admitted: int = 0,
+    ) -> float:
+        del seqs, cuda_graph, kv_repeat
+        self.calls.append(
+            _features(
+                tokens=tokens,
+                sampled=sampled,
+                attn_pairs=attn_pairs,
+                kv_tokens=kv_tokens,
+                admitted=admitted,
+            )
+        )
+        return self.duration_s

@@ -1,0 +1,113 @@
+"""The simulator against the real engines, through the real Snakefile on real vLLM V1 and
+llama.cpp: `snakemake --cores 1 results/sim_vs_real.csv --configfile config/cpu-pair.yaml
+config/sim-vs-real.yaml`, as documented, in a scratch folder, with one more overlay that shortens
+the sweep to two rates, one repetition and one floor shape (the documented sweep is 50 minutes).
+
+Checked: every real run pinned (the engine on core 1, the client on core 0) with its machine load
+in run.json; the CPU platform fitted from the floor alone, for both engines; every run predicted
+and compared; the predicted side byte-identical when the fit and the predictions run again; no
+server left running. This tier runs beside another campaign on two cores, so the overlay lets the
+refusal pass (`max_foreign_share: 1`); the refusal itself is tested in tests/unit.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from campaigns import Workdir
+
+from servelab.deploy.local import _alive, _read_state, _server_marker
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.usefixtures("vllm_cpu_program", "llama_server_program", "prometheus_program"),
+    pytest.mark.xdist_group("sim-vs-real"),
+]
+
+SHORT = """
+repetitions: 1
+local: {engine_cpus: [1], client_cpus: [0], max_foreign_share: 1.0}
+conditions:
+  - {sweep: rate, rate: 0.5, sharing: 0.5, prompt_tokens: 1024, duration_s: 8}
+  - {sweep: rate, rate: 3.0, sharing: 0.5, prompt_tokens: 1024, duration_s: 8}
+floor:
+  requests: 8
+  repetitions: 1
+  shapes:
+    - {sharing: 0.0, prompt_tokens: 512}
+"""
+TARGET = ("results/sim_vs_real.csv", "--configfile")
+CONFIGS = ("config/cpu-pair.yaml", "config/sim-vs-real.yaml", "config/short.yaml")
+
+
+def _predicted_digests(work: Path) -> dict[str, str]:
+    root = work / "results" / "sim_vs_real"
+    files = [*sorted(p for p in root.glob("predicted/**/*") if p.is_file()), root / "platform.json"]
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("sim-vs-real")
+    (work / "config").mkdir()
+    for name in ("config.yaml", "cpu-pair.yaml", "sim-vs-real.yaml"):
+        (work / "config" / name).write_bytes((REPO / "config" / name).read_bytes())
+    (work / "config" / "short.yaml").write_text(SHORT)
+    done = Workdir(work, {}, write=False).snakemake(*TARGET, *CONFIGS, timeout=1500)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    left = [
+        p
+        for p in (work / "results" / "deployments").glob("*/local.json")
+        if _alive(_read_state(p)["pid"], _server_marker(_read_state(p)))
+    ]
+    assert not left, f"servers left running: {left}"
+    return work
+
+
+def test_every_real_run_was_pinned_and_its_machine_load_recorded(campaign: Path) -> None:
+    records = [
+        json.loads(p.read_text())
+        for p in sorted((campaign / "results").glob("**/runs/*/*/*/rep1/run.json"))
+    ]
+    assert len(records) == 2 * 2 * 2 + 2 * 2 * 2  # loaded runs, floor runs
+    for record in records:
+        load = record["machine_load"]
+        assert (load["engine_cpus"], load["client_cpus"]) == ([1], [0])
+        assert load["engine"]["owned"] > 0 and load["refused"] is None
+        assert record["status"] == "ok"
+    for state in (campaign / "results" / "deployments").glob("*/local.json"):
+        assert _read_state(state)["cpus"] == [1]
+
+
+def test_the_platform_is_fitted_from_the_floor_and_every_run_compared(campaign: Path) -> None:
+    platform = json.loads((campaign / "results" / "sim_vs_real" / "platform.json").read_text())
+    assert set(platform["engines"]) == {"vllm_v1", "llamacpp"}
+    for engine in platform["engines"].values():
+        assert all(run.startswith("results/floor/") for run in engine["fit"]["runs"])
+        assert engine["step_cost"]["step_s"] + engine["step_cost"]["per_sampled_s"] > 0
+    with (campaign / "results" / "sim_vs_real.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {(r["engine"], r["arm"], r["condition"]) for r in rows} == {
+        (engine, arm, condition)
+        for engine in ("vllm_v1", "llamacpp")
+        for arm in ("defaults", "matched")
+        for condition in ("rate-0.50", "rate-3.00")
+    }
+    for row in rows:
+        assert float(row["ttft_p50_real"]) > 0 and float(row["ttft_p50_predicted"]) > 0
+        assert float(row["throughput_ratio"]) > 0
+    assert (campaign / "results" / "figures" / "sim_vs_real.png").stat().st_size > 0
+
+
+def test_the_predicted_side_is_byte_identical_on_rerun(campaign: Path) -> None:
+    before = _predicted_digests(campaign)
+    done = Workdir(campaign, {}, write=False).snakemake(
+        *TARGET, *CONFIGS, "--forcerun", "cpu_platform", timeout=600
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert _predicted_digests(campaign) == before

