@@ -18,8 +18,10 @@ import json
 from pathlib import Path
 
 import pytest
-from campaigns import Workdir
+from campaigns import Workdir, check_campaign_commands
 
+from servelab.campaign_status import target_runs
+from servelab.config import load_config
 from servelab.deploy.local import _alive, _read_state, _server_marker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,3 +113,14 @@ def test_the_predicted_side_is_byte_identical_on_rerun(campaign: Path) -> None:
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert _predicted_digests(campaign) == before
+
+
+def test_campaign_commands_read_the_sim_vs_real_campaign(campaign: Path, tmp_path: Path) -> None:
+    """`servelab campaign status|plan|redo` with the documented config files (and the short
+    overlay) on a copy of the campaign: the eight loaded runs done, and a redone run missing."""
+    work = Workdir(campaign, {}, write=False).copy_to(tmp_path / "w")
+    files = list(CONFIGS)
+    config = load_config(work.path / "config" / "config.yaml", [work.path / f for f in files])
+    measured = [run.id for run in target_runs(config, "all")]
+    assert len(measured) == 8  # two engines, two arms, two rates, one repetition
+    check_campaign_commands(work.path, files, config, measured)

@@ -43,6 +43,8 @@ CONFIGFILES: dict[str, tuple[str, ...]] = {
     "llamacpp.yaml": ("config/llamacpp.yaml",),
     "cpu-pair.yaml": ("config/cpu-pair.yaml",),
     "cpu-study.yaml": ("config/cpu-study.yaml",),
+    "cpu-pair-sim.yaml": ("config/cpu-pair.yaml", "config/cpu-pair-sim.yaml"),
+    "sim-vs-real.yaml": ("config/cpu-pair.yaml", "config/sim-vs-real.yaml"),
     "kubernetes.example.yaml": ("config/kubernetes.example.yaml",),
 }
 # Backends this machine cannot serve, and the one the tiny campaign runs on instead.
@@ -71,6 +73,10 @@ ELSEWHERE = {
     "cpu-study.yaml": (
         "tests/engines/test_cpu_study_campaign.py",
         "test_campaign_commands_read_the_cpu_study_campaign",
+    ),
+    "sim-vs-real.yaml": (
+        "tests/engines/test_sim_vs_real_campaign.py",
+        "test_campaign_commands_read_the_sim_vs_real_campaign",
     ),
 }
 
