@@ -28,6 +28,7 @@ from servelab.settings import DispatchSettings
 
 __all__ = [
     "ARMS",
+    "LOCAL_CPU_ENGINES",
     "STUDY_TABLE_CONDITIONS",
     "Condition",
     "ConfigError",
@@ -44,6 +45,7 @@ __all__ = [
     "floor_blocks",
     "floor_settings",
     "load_config",
+    "local_serves_real",
     "prepare_config",
     "read_config_file",
     "runs",
@@ -274,16 +276,28 @@ def _check_references(config: Mapping[str, Any]) -> None:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
 
+# The Python engines the local backend runs for real on the CPU platform (gpu.name CPU), each from
+# an environment of its own (servelab.deploy.local.CPU_ENGINES holds how).
+LOCAL_CPU_ENGINES = ("vllm_v1", "sglang_v05")
+
+
+def local_serves_real(engine: str, gpu_name: str) -> bool:
+    """Whether the local backend runs the engine's real server: llama.cpp always; vLLM V1 and
+    SGLang 0.5 on the CPU platform; otherwise the simulator's imitation of the engine. (Config
+    validation asks it too: an engine the local backend simulates needs the model's preset.)"""
+    return engine == "llamacpp" or (engine in LOCAL_CPU_ENGINES and gpu_name.lower() == "cpu")
+
+
 def _runs_simulated(config: Mapping[str, Any], engine: str) -> bool:
     """Whether `engine` runs as the simulator's imitation on the config's backend: always on sim;
     on local unless the local backend serves the real engine (llama.cpp always, vLLM V1 and
-    SGLang 0.5 on the CPU platform: servelab.deploy.local._serves_real); never on kubernetes."""
+    SGLang 0.5 on the CPU platform: local_serves_real); never on
+    kubernetes."""
     if config["backend"] == "sim":
         return True
     if config["backend"] != "local":
         return False
-    on_cpu = str(config["gpu"]["name"]).lower() == "cpu"
-    return not (engine == "llamacpp" or (on_cpu and engine in ("vllm_v1", "sglang_v05")))
+    return not local_serves_real(engine, str(config["gpu"]["name"]))
 
 
 def drop_removed_engines(config: dict[str, Any]) -> dict[str, Any]:

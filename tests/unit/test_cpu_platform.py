@@ -16,7 +16,12 @@ import yaml
 
 from servelab.sim import cpu_fit
 from servelab.sim.cpu_fit import FloorRun, fit_step_cost, predict_run, write_cpu_platform
-from servelab.sim.cpu_platform import COEFFICIENTS, StepCost, step_costs_from_config
+from servelab.sim.cpu_platform import (
+    COEFFICIENTS,
+    FeatureRecorder,
+    StepCost,
+    step_costs_from_config,
+)
 from servelab.sim.run import build_engine, simulate_run_files
 from servelab.workload.floor import compile_floor_trace_files
 
@@ -217,27 +222,32 @@ def test_the_fit_reads_the_floor_artifacts_and_no_loaded_run(
         opened.append(str(source))
         return read_table(source, *args, **kwargs)
 
+    recording = [True]  # an audit hook cannot be removed: it stops recording when the fit ends
+
     def audit(event: str, args: tuple[Any, ...]) -> None:
-        if event == "open" and isinstance(args[0], (str, Path)):
+        if recording[0] and event == "open" and isinstance(args[0], (str, Path)):
             opened.append(str(args[0]))
 
     monkeypatch.setattr(cpu_fit.pq, "read_table", recording_read_table)
-    sys.addaudithook(audit)  # hooks cannot be removed: it records into a list only this test reads
-    first = write_cpu_platform(
-        [
-            {
-                "run_dir": str(r.run_dir),
-                "trace_dir": str(r.trace_dir),
-                "engine": r.engine,
-                "arm": r.arm,
-                "flags": list(r.flags),
-            }
-            for r in moved
-        ],
-        gpu_memory_mib=24000,
-        model_preset=TINY,
-        out_path=tmp_path / "platform.json",
-    )
+    sys.addaudithook(audit)
+    try:
+        first = write_cpu_platform(
+            [
+                {
+                    "run_dir": str(r.run_dir),
+                    "trace_dir": str(r.trace_dir),
+                    "engine": r.engine,
+                    "arm": r.arm,
+                    "flags": list(r.flags),
+                }
+                for r in moved
+            ],
+            gpu_memory_mib=24000,
+            model_preset=TINY,
+            out_path=tmp_path / "platform.json",
+        )
+    finally:
+        recording[0] = False
     mine = [p for p in opened if str(results) in p]
     assert mine, "the fit read no file of the results folder"
     assert all(Path(p).resolve().is_relative_to((results / "floor").resolve()) for p in mine), mine
@@ -296,3 +306,39 @@ def test_a_predicted_run_is_byte_identical_on_rerun(
         if not r["warmup"]
     ]
     assert np.all(np.asarray(ttft) > 0)
+
+
+def _prefill_passes(model, recorder, rid: str, ids: np.ndarray) -> list[np.ndarray]:
+    """The features of every pass of `rid` up to its first token."""
+    model.add_request(rid, ids, 1, 0.0)
+    passes = []
+    for _ in range(100):  # bounded
+        mark = len(recorder.calls)
+        it = model.step(0.0)
+        passes.append(sum(recorder.calls[mark:]))
+        if rid in it.emitted:
+            return passes
+    raise AssertionError(f"{rid} never got its first token")
+
+
+def test_v1_charges_only_the_uncached_tokens_to_its_budget_and_samples_partial_prefills() -> None:
+    """vLLM V1's scheduler computes a prefix-cache hit before scheduling (the budget pays for the
+    rest, cut exactly), and its model runner samples every request of a batch (docs/simulator.md,
+    "Against the real engines")."""
+    recorder = FeatureRecorder()
+    sim = build_engine(
+        engine="vllm_v1",
+        flags=[*BASE_FLAGS, "--max-num-batched-tokens=256"],
+        gpu_name="CPU",
+        gpu_memory_mib=24000,
+        model_preset_name=TINY,
+        step_costs={"vllm_v1": recorder},
+    )
+    first = np.arange(1000, 2024, dtype=np.int64)  # 1,024 tokens + BOS
+    second = np.concatenate((first[:767], np.arange(5000, 5257, dtype=np.int64)))
+    cold = _prefill_passes(sim.model, recorder, "a", first)
+    assert [int(p[1]) for p in cold] == [256, 256, 256, 256, 1]  # tokens computed a pass
+    assert all(p[2] == 1 for p in cold)  # sampled in every pass, partial ones included
+    warm = _prefill_passes(sim.model, recorder, "b", second)
+    # 768 tokens (6 blocks of 128, BOS included) served from the cache: 257 left, 256 + 1
+    assert [int(p[1]) for p in warm] == [256, 1]

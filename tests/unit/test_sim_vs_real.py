@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from servelab.analysis.sim_vs_real import (
@@ -230,9 +231,10 @@ def test_iterations_are_read_from_when_the_tokens_reached_the_client(tmp_path: P
     write_parquet(
         tmp_path / "requests.parquet", pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA
     )
-    starts, tokens = iterations(tmp_path)
+    table = pq.read_table(tmp_path / "requests.parquet")
+    starts, tokens = iterations(table)
     assert tokens.tolist() == [3, 3, 3, 3, 3, 1, 1, 1, 1]
     assert starts[:2] == pytest.approx([0.0, 0.010])
-    profile = iteration_profile(tmp_path)
+    profile = iteration_profile(table)
     assert profile["2-3"] == {"iterations": 5, "median_gap_s": pytest.approx(0.010)}
     assert profile["1"] == {"iterations": 3, "median_gap_s": pytest.approx(0.004)}

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from servelab.analysis import stats
@@ -88,10 +90,22 @@ def _waiting_series(run_dir: Path, engine: str) -> list[tuple[float, float]]:
     return sorted(out.items())
 
 
-def run_values(run_dir: Path, engine: str, duration_s: float) -> dict[str, float]:
+@dataclass(frozen=True)
+class RunReading:
+    """One run folder, read once: its status, compared values, iteration profile and waiting
+    series."""
+
+    status: str
+    values: dict[str, float]
+    profile: dict[str, dict[str, float]]
+    waiting: list[tuple[float, float]]
+
+
+def read_run(run_dir: Path, engine: str, duration_s: float) -> RunReading:
     """The compared metrics of one run folder, and the trace's realised arrival rate (its
     requests over the condition's arrival window: with arrivals of CV 1.5 a short run's count is
     far from the nominal rate's, and both sides serve the same trace)."""
+    record = json.loads((run_dir / "run.json").read_text())
     table = pq.read_table(run_dir / "requests.parquet")
     req = reduce_requests(table, str(run_dir / "requests.parquet"))
     metrics = run_metrics(req)
@@ -100,17 +114,19 @@ def run_values(run_dir: Path, engine: str, duration_s: float) -> dict[str, float
     )
     itl = req.itl_token[np.isin(req.itl_row, sample_rows)]
     itl = itl[np.isfinite(itl)]
-    waiting = [v for _t, v in _waiting_series(run_dir, engine)]
-    return {
+    series = _waiting_series(run_dir, engine)
+    waiting = [v for _t, v in series]
+    values = {
         "ttft_p50": metrics.ttft_p50,
         "ttft_p95": metrics.ttft_p95,
         "tpot_p50": metrics.tpot_p50,
         "itl_p99": stats.percentile(itl, 99) if itl.size else math.nan,
         "throughput": metrics.throughput,
         "waiting_mean": float(np.mean(waiting)) if waiting else math.nan,
-        "offered_rps": float(json.loads((run_dir / "run.json").read_text())["offered_load_rps"]),
+        "offered_rps": float(record["offered_load_rps"]),
         "arrivals_rps": metrics.n_requests / duration_s,
     }
+    return RunReading(str(record["status"]), values, iteration_profile(table), series)
 
 
 # Tokens the engine emits in one iteration reach the client within a fraction of a millisecond of
@@ -120,30 +136,25 @@ ITERATION_GAP_S = 5e-4
 BATCH_BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 31), (32, 1_000_000))
 
 
-def iterations(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+def iterations(requests: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """The engine's iterations as the client saw them: (start times, tokens emitted), from every
-    streamed chunk of the run (warm-ups excluded), a new iteration wherever consecutive chunks are
-    more than ITERATION_GAP_S apart."""
-    table = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    chunks = [
-        (t, n)
-        for row in table
-        if not row["warmup"]
-        for t, n in zip(row["chunk_times_s"], row["chunk_tokens"], strict=True)
-    ]
-    if not chunks:
+    streamed chunk of a run's requests table (warm-ups excluded), a new iteration wherever
+    consecutive chunks are more than ITERATION_GAP_S apart."""
+    measured = requests.filter(pc.invert(requests.column("warmup")))
+    times = np.asarray(pc.list_flatten(measured.column("chunk_times_s")), dtype=np.float64)
+    tokens = np.asarray(pc.list_flatten(measured.column("chunk_tokens")), dtype=np.int64)
+    if times.size == 0:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
-    chunks.sort()
-    times = np.array([c[0] for c in chunks])
-    tokens = np.array([c[1] for c in chunks], dtype=np.int64)
+    order = np.lexsort((tokens, times))
+    times, tokens = times[order], tokens[order]
     starts = np.concatenate(([0], np.flatnonzero(np.diff(times) > ITERATION_GAP_S) + 1))
     return times[starts], np.add.reduceat(tokens, starts)
 
 
-def iteration_profile(run_dir: Path) -> dict[str, dict[str, float]]:
+def iteration_profile(requests: pa.Table) -> dict[str, dict[str, float]]:
     """Median time from one iteration to the next, by the number of tokens it emitted (the decode
     batch plus the prompts it finished): the per-iteration behaviour both sides are compared on."""
-    starts, tokens = iterations(run_dir)
+    starts, tokens = iterations(requests)
     if starts.size < 2:
         return {}
     gaps, sizes = np.diff(starts), tokens[:-1]
@@ -157,10 +168,6 @@ def iteration_profile(run_dir: Path) -> dict[str, dict[str, float]]:
                 "median_gap_s": round(float(np.median(gaps[mask])), 6),
             }
     return out
-
-
-def _status(run_dir: Path) -> str:
-    return str(json.loads((run_dir / "run.json").read_text())["status"])
 
 
 def saturation_rate(
@@ -202,13 +209,16 @@ def compare_runs(
         members = sorted(members, key=lambda p: p.rep)
         # A real run that is not `ok` (refused for its machine load, failed, interrupted) is no
         # measurement: it and its prediction leave the comparison, counted in `not_ok`.
-        measured = [p for p in members if _status(p.real_dir) == "ok"]
-        not_ok = len(members) - len(measured)
-        members = measured
-        if not members:
+        readings = [read_run(p.real_dir, engine, p.duration_s) for p in members]
+        kept = [k for k, r in enumerate(readings) if r.status == "ok"]
+        not_ok = len(members) - len(kept)
+        if not kept:
             continue
-        real = [run_values(p.real_dir, engine, p.duration_s) for p in members]
-        predicted = [run_values(p.predicted_dir, engine, p.duration_s) for p in members]
+        members = [members[k] for k in kept]
+        real_runs = [readings[k] for k in kept]
+        predicted_runs = [read_run(p.predicted_dir, engine, p.duration_s) for p in members]
+        real = [r.values for r in real_runs]
+        predicted = [r.values for r in predicted_runs]
         row: dict[str, Any] = {
             "engine": engine,
             "arm": arm,
@@ -235,12 +245,12 @@ def compare_runs(
             row[f"{metric}_ratio"] = pred / mean if mean and math.isfinite(mean) else math.nan
         rows.append(row)
         row["_profile"] = {
-            "real": [iteration_profile(p.real_dir) for p in members],
-            "predicted": [iteration_profile(p.predicted_dir) for p in members],
+            "real": [r.profile for r in real_runs],
+            "predicted": [r.profile for r in predicted_runs],
         }
-        for pair in members:
-            real_series = dict(_waiting_series(pair.real_dir, engine))
-            predicted_series = dict(_waiting_series(pair.predicted_dir, engine))
+        for pair, real_run, predicted_run in zip(members, real_runs, predicted_runs, strict=True):
+            real_series = dict(real_run.waiting)
+            predicted_series = dict(predicted_run.waiting)
             for t in sorted(set(real_series) | set(predicted_series)):
                 waiting_rows.append(
                     {

@@ -52,6 +52,7 @@ from typing import Any
 import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
+from servelab.config import LOCAL_CPU_ENGINES, local_serves_real
 from servelab.deploy import sglang_cpu, vllm_cpu
 from servelab.deploy.backend import RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
@@ -416,16 +417,13 @@ def _server_marker(state: Mapping[str, Any]) -> str:
 # The Python engines the local backend runs for real on the CPU platform (gpu.name CPU), each from
 # an environment of its own: the module that finds it and makes its command and environment.
 CPU_ENGINES = {"vllm_v1": vllm_cpu, "sglang_v05": sglang_cpu}
+assert tuple(CPU_ENGINES) == LOCAL_CPU_ENGINES
 
 
 def _serves_real(engine: str, gpu_name: str) -> bool:
-    """Whether the local backend runs the engine's real server: llama.cpp always; vLLM V1 and
-    SGLang 0.5 on the CPU platform (gpu.name CPU); otherwise the simulator's imitation of the
-    engine (its spec prints the start-up log). An engine with neither is refused when its server
-    starts."""
-    if engine == "llamacpp" or (engine in CPU_ENGINES and gpu_name.lower() == "cpu"):
-        return True
-    return engine_spec(engine).render_startup_log is None
+    """servelab.config.local_serves_real, or an engine the simulator does not imitate
+    (its spec prints no start-up log), which is refused when its server starts."""
+    return local_serves_real(engine, gpu_name) or engine_spec(engine).render_startup_log is None
 
 
 def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = False) -> bool:
