@@ -24,6 +24,7 @@ from servelab.engines.registry import (
     engine_names,
     engine_specs,
 )
+from servelab.engines.startup_log import startup_log_flags
 from servelab.settings import DispatchSettings
 
 __all__ = [
@@ -235,6 +236,26 @@ def _check_references(config: Mapping[str, Any]) -> None:
             f"({', '.join(run_simulated)})"
         )
     if config["backend"] == "kubernetes":
+        for arm, spec in config["arms"].items():
+            for engine, espec in spec["engines"].items():
+                if engine not in config["engines"] or not espec:
+                    continue
+                flags = [*config["engines"][engine]["flags"], *espec.get("flags", [])]
+                try:
+                    probed = startup_log_flags(engine, flags) != flags
+                except ValueError:  # a malformed flag: refused with its own message elsewhere
+                    probed = False
+                if probed:
+                    # only the local backend starts a start-up probe (docs/llamacpp.md)
+                    problems.append(
+                        f"config key arms.{arm}.engines.{engine}.flags: on the kubernetes backend "
+                        f"the gate reads the measured pod's own start-up log, where {engine} "
+                        "shows its batch size only at --log-verbosity=4, a level that slows every "
+                        "task as the server's prompt cache grows "
+                        "(docs/benchmarks/llamacpp-trace-cost.md); add --log-verbosity=4 to "
+                        "accept that cost, or run it on the local backend, which confirms it "
+                        "from a start-up probe"
+                    )
         for engine in engines:
             if "image" not in config["engines"][engine]:
                 problems.append(

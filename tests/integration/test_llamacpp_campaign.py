@@ -23,6 +23,8 @@ import pytest
 import yaml
 from campaigns import Workdir, llamacpp_campaign
 
+from servelab.engines import parse_startup_log
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CONDITION = "rate-0.50"
@@ -88,6 +90,18 @@ def test_each_arm_resolved_what_its_server_logged(campaign) -> None:
         # the evidence is the real server's own line, at the line number recorded
         assert startup[line - 1].strip() == resolved["evidence"]["chunked_prefill"].strip()
         assert "n_batch" in startup[line - 1]
+        # the gate read the start-up probe's log (verbosity 4); the measured server ran at the
+        # flags' own verbosity 3, which shows no n_batch and traces no prompt cache
+        assert resolved["facts"]["verbosity"] == 4
+        measured = parse_startup_log(
+            (deployment_dir / "server-startup.log").read_text(), engine="llamacpp"
+        )
+        assert measured.facts["verbosity"] == 3 and "n_batch" not in measured.facts
+        assert measured.facts["n_slots"] == resolved["facts"]["n_slots"]
+        state = json.loads((deployment_dir / "local.json").read_text())
+        assert not any("verbosity" in flag for flag in state["flags"])
+        assert "--log-verbosity" not in state["command"]
+        assert "cache state:" not in (deployment_dir / "server.log").read_text()
 
 
 def test_runs_hold_real_telemetry_and_no_kv_usage_it_did_not_export(campaign) -> None:

@@ -1,6 +1,7 @@
 """The local backend's faults against the real llama-server, through the campaign functions the
 Snakemake rules call: the server killed mid-run ends the run as `interrupted` with every request
-recorded, and a server that never answers /health in time is refused naming the deployment.
+recorded, a server that never answers /health in time is refused naming the deployment, and a
+measured start whose log disagrees with its start-up probe's is refused.
 
 (The dispatcher's own faults against the real server, a request timeout and a server that
 stops answering before the run, are in test_llamacpp_wire.py.)
@@ -8,6 +9,7 @@ stops answering before the run, are in test_llamacpp_wire.py.)
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +142,26 @@ def test_a_server_not_ready_in_time_is_refused_naming_the_deployment(
         LocalError, match=r"defaults-llamacpp-slowstart: server not up within 0.05 s"
     ):
         backend.start_server(dep, folder)
+
+
+def test_a_measured_start_unlike_its_start_up_probe_is_refused(
+    results: Path, config: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate reads the probe's log, so the measured server must show the same configuration:
+    a probe started with other slots is refused, naming both logs, and no server is left."""
+    import servelab.deploy.local as local
+
+    def other_slots(engine: str, flags: list[str]) -> list[str]:
+        return [*flags, "--parallel=2", "--log-verbosity=4"]
+
+    monkeypatch.setattr(local, "startup_log_flags", other_slots)
+    dep = {**_deployment(config), "deployment_id": "defaults-llamacpp-probe"}
+    folder = results / "deployments" / dep["deployment_id"]
+    backend = LocalBackend(gpu=config["gpu"], model=config["model"])
+    with pytest.raises(LocalError, match=r"n_slots: probe 2, measured 4") as refused:
+        backend.deploy(dep, manifest_path="", startup_log_path=str(folder / "startup.log"))
+    assert str(folder / "server-startup.log") in str(refused.value)
+    state = json.loads((folder / "local.json").read_text())
+    assert not Path(f"/proc/{state['pid']}").exists() or not local._alive(
+        state["pid"], local._server_marker(state)
+    )

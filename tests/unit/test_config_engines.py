@@ -82,6 +82,22 @@ def test_what_cannot_run_is_refused_naming_the_key(change, message: str) -> None
         validate_config(config)
 
 
+def test_on_kubernetes_llamacpp_must_print_its_batch_size_itself() -> None:
+    """Only the local backend confirms llama-server from a start-up probe: on kubernetes each arm
+    is refused until its flags set the verbosity that prints n_batch (and accept its cost)."""
+    config = _llamacpp_config()
+    config.update(backend="kubernetes")
+    with pytest.raises(ConfigError) as refused:
+        validate_config(config)
+    for arm in ("defaults", "matched"):
+        assert f"arms.{arm}.engines.llamacpp.flags: on the kubernetes backend" in str(refused.value)
+    config["engines"]["llamacpp"]["flags"].append("--log-verbosity=4")
+    with pytest.raises(ConfigError) as still:
+        validate_config(config)
+    assert "on the kubernetes backend the gate" not in str(still.value)
+    assert "engines.llamacpp.image" in str(still.value)  # the image is still missing
+
+
 def test_a_simulated_engine_needs_the_model_preset(study_config: dict) -> None:
     config = copy.deepcopy(study_config)
     del config["model"]["preset"]

@@ -35,8 +35,10 @@ from servelab.engines import (
     parse_flags,
     parse_metrics_text,
     parse_startup_log,
+    probe_disagreement,
     resolve,
     runtime_limits,
+    startup_log_flags,
 )
 from servelab.engines.cli import register
 from servelab.engines.registry import product_of
@@ -134,6 +136,50 @@ def test_n_batch_is_printed_from_verbosity_4() -> None:
         parsed = parse_startup_log(_read(name))
         shown = "n_batch" in parsed.facts
         assert shown == (parsed.facts["verbosity"] >= llamacpp.VERBOSITY_SHOWING_N_BATCH), name
+
+
+@pytest.mark.parametrize(
+    ("flags", "probe"),
+    [
+        ([], ["--log-verbosity=4"]),
+        (["--batch-size=256", "-lv", "2"], ["--batch-size=256", "-lv", "2", "--log-verbosity=4"]),
+        (["--log-verbosity=4"], None),
+        (["--verbosity", "5"], None),
+    ],
+)
+def test_a_start_up_probe_adds_verbosity_4_only_where_the_flags_hide_n_batch(
+    flags: list[str], probe: list[str] | None
+) -> None:
+    assert llamacpp.startup_probe_flags(flags) == probe
+    assert startup_log_flags("llamacpp", flags) == (flags if probe is None else probe)
+    if probe is not None:  # the probe's flags resolve to the same configuration, verbosity aside
+        assert _resolve(probe).to_dict() | {"flags": None} == _resolve(flags).to_dict() | {
+            "flags": None
+        }
+        assert llamacpp.server_settings(_resolve(probe)).verbosity == 4
+
+
+def test_engines_whose_log_shows_their_resolution_need_no_probe() -> None:
+    for engine in ("vllm", "vllm_v1", "sglang", "sglang_v05"):
+        flags = ["--max-num-batched-tokens=256"] if engine.startswith("vllm") else []
+        assert engine_spec(engine).startup_probe is None
+        assert startup_log_flags(engine, flags) == flags
+
+
+def test_the_real_logs_of_one_configuration_at_two_verbosities_agree() -> None:
+    """What the measured start (verbosity 3) and its probe (4) both show is compared: the real logs
+    of the default flags agree; a probe with other slots and context does not."""
+    measured = parse_startup_log(_read("llamacpp-0c1e570-lv3-defaults.log"))
+    probe = parse_startup_log(_read("llamacpp-0c1e570-lv4-defaults.log"))
+    assert probe.facts["verbosity"] != measured.facts["verbosity"]
+    assert probe_disagreement(probe, measured) == ""
+    other = parse_startup_log(_read("llamacpp-0c1e570-lv4-np2-ctx4096.log"))
+    assert probe_disagreement(other, measured).split("; ") == [
+        "context_len: probe 2048, measured 8192",
+        "kv_unified: probe False, measured True",
+        "n_ctx_slot: probe 2048, measured 8192",
+        "n_slots: probe 2, measured 4",
+    ]
 
 
 def test_the_gate_refuses_a_mismatch_quoting_the_n_batch_line() -> None:

@@ -25,10 +25,12 @@ from servelab.engines import (
     resolve,
 )
 from servelab.engines.llamacpp import server_settings
+from servelab.sim.cpu_platform import StepCost
 from servelab.sim.llamacpp import LlamacppModel
 from servelab.sim.models import engine_params, simulated_engine
 from servelab.sim.params import EngineParams
 from servelab.sim.presets import gpu_preset, model_preset
+from servelab.sim.run import sim_deploy
 from servelab.sim.testing import drive
 
 PRESET = model_preset("llama-3.1-8b")  # BOS 128000 is prepended to every prompt
@@ -373,6 +375,35 @@ def test_the_rendered_start_up_log_parses_back_to_the_resolved_configuration(
     real = json.loads((GOLDEN / f"{golden}.json").read_text())["facts"]
     real.pop("n_ctx_train")
     assert dict(parsed.facts) == real
+
+
+@pytest.mark.parametrize(("flags", "chunk_size"), [([], None), (["--batch-size=256"], 256)])
+def test_a_simulated_deployment_is_confirmed_from_its_start_up_probes_log(
+    tmp_path: Path, flags: list[str], chunk_size: int | None
+) -> None:
+    """As the local backend does for the real server, the simulated one is gated on the log of
+    its start-up probe (verbosity 4, servelab.engines.startup_log_flags) while it serves at the
+    flags' own verbosity."""
+    costs = {"llamacpp": StepCost("llamacpp", 6e-4, 2e-5, 1e-3, 2e-8, 1e-8, 2e-3)}
+    flags = ["--ctx-size=8192", "--parallel=4", *flags]
+    path = tmp_path / "startup.log"
+    resolved = sim_deploy(
+        engine="llamacpp",
+        flags=flags,
+        gpu_name="CPU",
+        gpu_memory_mib=24000,
+        model_preset="tiny-llama3-2x64-hd32",
+        deployment_id="d",
+        startup_log_path=path,
+        timestamp="2026-01-01T00:00:00",
+        step_costs=costs,
+    )
+    assert server_settings(resolved).verbosity == 3  # what serves
+    parsed = parse_startup_log(path.read_text())
+    assert parsed.facts["verbosity"] == 4 and parsed.facts["n_batch"] == resolved.token_budget
+    check_resolved(
+        parsed, expect_chunked_prefill=chunk_size is not None, expect_chunk_size=chunk_size
+    )
 
 
 def test_at_the_default_verbosity_the_rendered_log_does_not_confirm_chunking() -> None:

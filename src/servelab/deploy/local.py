@@ -65,6 +65,7 @@ from servelab.deploy.tiny_model import (
     spec_for_model,
 )
 from servelab.dispatch import DispatchResult, TimedAction
+from servelab.engines import parse_startup_log, probe_disagreement, startup_log_flags
 from servelab.engines.registry import engine_spec
 from servelab.settings import DispatchSettings, LocalSettings
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER
@@ -728,11 +729,52 @@ class LocalBackend:
         deployment_dir = Path(startup_log_path).parent
         ensure_prometheus(deployment_dir.parent)
         Path(startup_log_path).unlink(missing_ok=True)
-        self.start_server(deployment, deployment_dir, startup_log=Path(startup_log_path))
+        engine, flags = str(deployment["engine"]), [str(f) for f in deployment["flags"]]
+        probe_flags = startup_log_flags(engine, flags)
+        if probe_flags != flags and _serves_real(engine, str(self.gpu["name"])):
+            self._probe_then_start(deployment, deployment_dir, probe_flags, Path(startup_log_path))
+        else:
+            self.start_server(deployment, deployment_dir, startup_log=Path(startup_log_path))
         if not Path(startup_log_path).is_file():
             raise LocalError(
                 f"deployment {deployment['deployment_id']}: the server wrote no "
                 f"start-up log to {startup_log_path}"
+            )
+
+    def _probe_then_start(
+        self,
+        deployment: Mapping[str, Any],
+        deployment_dir: Path,
+        probe_flags: list[str],
+        startup_log: Path,
+    ) -> None:
+        """Start the engine once with `probe_flags` for the start-up log the gate reads
+        (`EngineSpec.startup_probe`: llama-server prints n_batch only at a verbosity that slows
+        every task), stop it, then start the measured server with the deployment's own flags. Its
+        own start-up log (server-startup.log) must show the same configuration as the probe's,
+        verbosity aside, or the deployment is refused."""
+        engine = str(deployment["engine"])
+        probe = self.start_server(
+            {**deployment, "flags": probe_flags}, deployment_dir, startup_log=startup_log
+        )
+        if not stop_deployment(deployment_dir):
+            raise LocalError(
+                f"deployment {deployment['deployment_id']}: the start-up probe (pid "
+                f"{probe['pid']}) exited before it was stopped; {probe['server_log']}:\n"
+                f"{_tail(Path(probe['server_log']))}"
+            )
+        measured = self.start_server(deployment, deployment_dir, port=int(probe["port"]))
+        shown = {
+            name: parse_startup_log(Path(path).read_text(errors="replace"), engine=engine)
+            for name, path in (("probe", startup_log), ("measured", measured["startup_log"]))
+        }
+        differ = probe_disagreement(shown["probe"], shown["measured"])
+        if differ:
+            stop_deployment(deployment_dir, kill=True)
+            raise LocalError(
+                f"deployment {deployment['deployment_id']}: the measured start's log "
+                f"({measured['startup_log']}) and the start-up probe's ({startup_log}) show "
+                f"different configurations: {differ}"
             )
 
     def run(self, request: RunRequest) -> dict[str, Any]:

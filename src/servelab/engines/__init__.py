@@ -37,7 +37,12 @@ from servelab.engines.resolve import (
     runtime_limits,
 )
 from servelab.engines.spec import EngineSpec, LogFormat
-from servelab.engines.startup_log import LLAMA_31_8B_KV_BYTES_PER_TOKEN, render_startup_log
+from servelab.engines.startup_log import (
+    LLAMA_31_8B_KV_BYTES_PER_TOKEN,
+    probe_disagreement,
+    render_startup_log,
+    startup_log_flags,
+)
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -69,8 +74,10 @@ __all__ = [
     "parse_flags",
     "parse_metrics_text",
     "parse_startup_log",
+    "probe_disagreement",
     "registered",
     "render_startup_log",
     "resolve",
     "runtime_limits",
+    "startup_log_flags",
 ]

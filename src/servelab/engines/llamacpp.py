@@ -88,6 +88,7 @@ __all__ = [
     "micro_batch",
     "render_startup_log",
     "server_settings",
+    "startup_probe_flags",
 ]
 
 VERSION = "0c1e570"
@@ -98,6 +99,29 @@ CTX_PAD = 256  # src/llama-context.cpp, llama_context::llama_context: GGML_PAD(n
 MAX_SEQ = 256  # src/llama-cparams.h, LLAMA_MAX_SEQ
 # The lowest --log-verbosity at which llama-server prints n_batch (module docstring).
 VERBOSITY_SHOWING_N_BATCH = 4
+
+
+def startup_probe_flags(flags: Sequence[str]) -> list[str] | None:
+    """The flags of a start-up-only launch whose log shows n_batch, or None when `flags` already
+    print it.
+
+    n_batch is a llama library INFO line, printed only at trace verbosity (module docstring). At
+    that verbosity the server also traces its host prompt cache on every task: server_prompt_cache
+    ::load prints one line per cached prompt and server_prompt_cache::update lists every entry
+    (tools/server/server-task.cpp, SRV_TRC), and the cache keeps up to --cache-ram MiB of prompts
+    (8,192 by default), thousands of them for a small model. Each task then costs time that grows
+    with the server's history: docs/benchmarks/llamacpp-trace-cost.md measures it. So a deployment
+    is measured at the verbosity its flags give, and its resolution is read from one start with the
+    same flags at verbosity 4, which serves nothing (llama-server's parser keeps the last
+    `--log-verbosity`: common/arg.cpp, common_params_parse_ex runs each option's handler in order).
+    """
+    verbosity = int(
+        parse_table("llamacpp", FLAG_TABLE, flags, normalise=normalise_flags).args["verbosity"]
+    )
+    if verbosity >= VERBOSITY_SHOWING_N_BATCH:
+        return None
+    return [*flags, f"--log-verbosity={VERBOSITY_SHOWING_N_BATCH}"]
+
 
 # ------------------------------------------------------------------------------------ flags
 
@@ -715,4 +739,5 @@ SPEC = EngineSpec(
     # the next one.
     stream_interval=1,
     render_startup_log=render_startup_log,
+    startup_probe=startup_probe_flags,
 )

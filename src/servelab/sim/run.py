@@ -31,7 +31,7 @@ from servelab.artifacts import (
     write_text,
 )
 from servelab.config import conditions, deployment_for, offered_load
-from servelab.engines import ResolvedConfig, render_startup_log, resolve
+from servelab.engines import ResolvedConfig, render_startup_log, resolve, startup_log_flags
 from servelab.runrecord import build_run_record
 from servelab.settings import PlatformSettings
 from servelab.sim.base import EngineModel
@@ -82,6 +82,7 @@ class SimEngine:
     model: EngineModel
     model_preset: ModelPreset
     gpu: GpuPreset
+    memory_mib: int  # the memory the configuration was resolved against
 
 
 def build_engine(
@@ -125,7 +126,7 @@ def build_engine(
     else:
         cost = CostModel(preset, gpu, engine, calibration, slowdown=slowdown)
     model = build_model(params, preset, cost, track_emitted=track_emitted)
-    return SimEngine(resolved, cap, params, model, preset, gpu)
+    return SimEngine(resolved, cap, params, model, preset, gpu, mem)
 
 
 def _timestamp(value: datetime | str) -> datetime:
@@ -158,15 +159,31 @@ def sim_deploy(
         model_preset_name=model_preset,
         step_costs=step_costs,
     )
-    text = render_startup_log(
-        sim.resolved,
+    write_text(startup_log_path, gate_startup_log(sim, flags, _timestamp(timestamp)))
+    return sim.resolved
+
+
+def gate_startup_log(sim: SimEngine, flags: Sequence[str], timestamp: datetime) -> str:
+    """The start-up log the gate reads for `sim`: its own, or, for an engine that is confirmed
+    from a start-up probe (llama-server at trace verbosity), the probe start's, resolved from the
+    probe's flags as the real backend starts it (servelab.engines.startup_log_flags)."""
+    resolved = sim.resolved
+    log_flags = startup_log_flags(resolved.engine, flags)
+    if log_flags != list(flags):
+        resolved = resolve(
+            resolved.engine,
+            log_flags,
+            gpu_memory_mib=sim.memory_mib,
+            model_max_position_embeddings=sim.model_preset.max_position_embeddings,
+            gpu_name=sim.gpu.name,
+        )
+    return render_startup_log(
+        resolved,
         kv_capacity_tokens=sim.capacity.tokens,
         weights_gib=sim.model_preset.weights_gib,
-        timestamp=_timestamp(timestamp),
+        timestamp=timestamp,
         kv_bytes_per_token=sim.model_preset.kv_bytes_per_token,
     )
-    write_text(startup_log_path, text)
-    return sim.resolved
 
 
 def make_warmups(seed: int, n: int, avoid_first: set[int], vocab_size: int) -> list[WarmupRequest]:

@@ -23,9 +23,9 @@ from typing import Any
 
 from servelab.artifacts import write_text
 from servelab.engines.registry import engine_spec
-from servelab.engines.startup_log import render_startup_log
 from servelab.sim.models import simulated_engines
 from servelab.sim.run import build_engine as sim_build_engine
+from servelab.sim.run import gate_startup_log
 from servelab.sim.server import ConstantModel, FaultConfig, SimServer
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
@@ -193,13 +193,7 @@ def serve_main(args: argparse.Namespace) -> int:
         reset_rate=args.fault_reset_rate,
         seed=args.seed,
     )
-    text = render_startup_log(
-        resolved,
-        kv_capacity_tokens=int(sim.capacity.tokens),
-        weights_gib=float(preset.weights_gib),
-        timestamp=datetime.now(UTC).replace(microsecond=0),
-        kv_bytes_per_token=int(preset.kv_bytes_per_token),
-    )
+    text = gate_startup_log(sim, flags, datetime.now(UTC).replace(microsecond=0))
 
     def crash() -> None:
         sys.stdout.flush()
