@@ -44,6 +44,7 @@ __all__ = [
     "deployments",
     "drop_removed_engines",
     "floor_blocks",
+    "floor_run_config",
     "floor_settings",
     "load_config",
     "local_serves_real",
@@ -569,6 +570,17 @@ def floor_settings(config: Mapping[str, Any]) -> dict[str, int]:
     """Config `floor:` with its defaults: `requests` per floor run, `repetitions` (seeds)."""
     given = config.get("floor") or {}
     return {key: int(given.get(key, value)) for key, value in FLOOR_DEFAULTS.items()}
+
+
+def floor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a floor run is measured by: the campaign's, with config `floor.warmup_requests`
+    (when given) as its dispatch's warm-up count. The warm-ups, sent together, are the floor's
+    only concurrent batch: the one place a CPU platform's per-sequence cost shows (docs/simulator.md,
+    "Against the real engines")."""
+    warmups = (config.get("floor") or {}).get("warmup_requests")
+    if warmups is None:
+        return dict(config)
+    return {**config, "dispatch": {**config["dispatch"], "warmup_requests": int(warmups)}}
 
 
 def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:

@@ -14,8 +14,15 @@ import yaml
 from servelab.analysis.floor import max_in_flight, write_floor
 from servelab.analysis.reduce import reduce_requests
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, write_json
-from servelab.config import FloorShape, floor_blocks, floor_settings, load_config
+from servelab.config import (
+    FloorShape,
+    floor_blocks,
+    floor_run_config,
+    floor_settings,
+    load_config,
+)
 from servelab.dispatch import dispatch_run_files
+from servelab.identity import run_identity
 from servelab.sim.run import simulate_run_files
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload import compile_trace, compile_trace_files, load_trace
@@ -339,6 +346,23 @@ def test_every_deployment_gets_a_floor_per_shape_it_serves() -> None:
         "requests": 7,
         "repetitions": 1,
     }
+
+
+def test_a_floor_runs_with_its_own_warm_up_count_which_is_part_of_its_identity() -> None:
+    """Config `floor.warmup_requests` is the dispatch's warm-up count of floor runs only (their one
+    concurrent batch); a floor measured with another count is another measurement."""
+    config = load_config(REPO / "config" / "config.yaml")
+    assert floor_run_config(config)["dispatch"] == config["dispatch"]
+    floored = {**config, "floor": {"warmup_requests": 8}}
+    dispatch = floor_run_config(floored)["dispatch"]
+    assert dispatch["warmup_requests"] == 8 != config["dispatch"]["warmup_requests"]
+    assert {k: v for k, v in dispatch.items() if k != "warmup_requests"} == {
+        k: v for k, v in config["dispatch"].items() if k != "warmup_requests"
+    }
+    assert floored["dispatch"]["warmup_requests"] == config["dispatch"]["warmup_requests"]
+    run = {"arm": "defaults", "engine": "vllm", "condition": "floor-s0.00-L128"}
+    assert run_identity(floor_run_config(floored), run) != run_identity(config, run)
+    assert run_identity(floor_run_config(floored), run)["dispatch"]["warmup_requests"] == 8
 
 
 def test_floor_ids_round_trip_and_a_bad_one_is_named() -> None:

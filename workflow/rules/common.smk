@@ -470,7 +470,7 @@ def floor_block_identity(wildcards):
     }
     return {
         "deployment": identity.deployment_identity(config, deployment_params(block.deployment)),
-        "run": identity.run_identity(config, run),
+        "run": identity.run_identity(grid.floor_run_config(config), run),
         "reps": list(FLOOR_REPS),
     }
 
