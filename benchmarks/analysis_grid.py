@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/analysis_grid.py [--root DIR] [--repeat N] [--keep]
 
-Generates the grid of config/config.yaml (servelab.config.runs: 99 runs, 39 trace manifests) with
+Generates the grid of config/config.yaml (servelab.grid.config.runs: 99 runs, 39 trace manifests) with
 `servelab.analysis.synthetic` at full run durations (a rate-0.40 run holds about 1,440 requests of
 128-256 one-token chunks), then times `servelab.analysis.analyze` end to end and by phase:
 loading and reducing the runs, the statistics and tables, numbers.json, and the 20 figure files.
@@ -27,7 +27,7 @@ from servelab.analysis.numbers import build_numbers, clean
 from servelab.analysis.pipeline import _drawable
 from servelab.analysis.synthetic import write_synthetic_grid
 from servelab.analysis.tables import render_table3, render_table4, render_table5, render_table6
-from servelab.config import load_config
+from servelab.grid.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

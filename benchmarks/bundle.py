@@ -5,8 +5,8 @@
 DIR is a finished campaign's results folder (e.g. the 99-run sim campaign of `snakemake --cores 1
 all`), FILE its merged configuration (config/config.yaml for the default campaign). Run it from the
 campaign's folder with DIR relative (`--results results`), as the workflow analysed it. Times
-`servelab.bundle.write_bundle` (repeat N times: the bytes must be identical each time) and
-`servelab.bundle.verify_bundle` into a fresh temporary folder (extract, check every member,
+`servelab.bundle.archive.write_bundle` (repeat N times: the bytes must be identical each time) and
+`servelab.bundle.archive.verify_bundle` into a fresh temporary folder (extract, check every member,
 regenerate every output, compare). Prints the machine, the campaign's size, the bundle's size and
 both times; docs/benchmarks/bundle.md records them.
 """
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelab.bundle import verify_bundle, write_bundle
-from servelab.config import load_config
+from servelab.bundle.archive import verify_bundle, write_bundle
+from servelab.grid.config import load_config
 
 
 def _machine() -> str:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, read_parquet
-from servelab.config import arm_conditions, load_config
-from servelab.settings import PlatformSettings
+from servelab.grid.config import arm_conditions, load_config
+from servelab.grid.settings import PlatformSettings
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration
 from servelab.sim.platform import PlatformModel
 from servelab.sim.run import simulate_config_run

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_calibrate import simulate
 
-from servelab.config import conditions, load_config, trace_seed
+from servelab.grid.config import conditions, load_config, trace_seed
 from servelab.sim.cost import DEFAULT_CALIBRATION
 
 REPS = ("rep1", "rep2", "rep3")
@@ -171,7 +171,7 @@ def _run_custom(
     """A defaults-arm run on a trace whose condition id is not in the grid (run-length study)."""
     from sim_calibrate import run_metrics
 
-    from servelab.config import deployment_for
+    from servelab.grid.config import deployment_for
     from servelab.sim.run import simulate_run_files
 
     dep = deployment_for(cfg, "defaults", engine, "rate-0.28")

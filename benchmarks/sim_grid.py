@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from servelab.config import load_config, runs
+from servelab.grid.config import load_config, runs
 
 
 def _compile_missing(cfg_path: str, traces: Path, needed: set[tuple[str, str]]) -> None:

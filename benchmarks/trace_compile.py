@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def child(config_path: str, condition: str, out: str) -> None:
     """Runs in the fresh interpreter: time each phase and print one JSON line."""
     t0 = time.perf_counter()
-    from servelab.config import load_config
+    from servelab.grid.config import load_config
     from servelab.workload import compile_from_config, load_trace
     from servelab.workload import prompts as prompt_layer
     from servelab.workload.tokenizer import load_tokenizer, safe_vocabulary

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from filelock import FileLock
 
-from servelab.campaign_status import target_runs
+from servelab.campaign.plan import target_runs
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

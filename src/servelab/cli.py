@@ -19,9 +19,9 @@ COMMANDS = {
     "local": "servelab.deploy.cli",
     "analyze": "servelab.analysis.cli",
     "table": "servelab.analysis.show",
-    "campaign": "servelab.campaign_cli",
-    "bundle": "servelab.bundle_cli",
-    "verify": "servelab.bundle_cli",
+    "campaign": "servelab.campaign.cli",
+    "bundle": "servelab.bundle.cli",
+    "verify": "servelab.bundle.cli",
 }
 
 

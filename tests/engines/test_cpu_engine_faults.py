@@ -17,10 +17,11 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from servelab import campaign
-from servelab import config as grid
 from servelab.artifacts import read_run_json
+from servelab.campaign import blocks as campaign_blocks
+from servelab.campaign import deploy as campaign_deploy
 from servelab.deploy.local import LocalBackend, LocalError, _read_state, group_members, stop_all
+from servelab.grid import config as grid
 from servelab.workload import compile_trace_files
 
 pytestmark = [
@@ -90,7 +91,7 @@ def test_the_server_killed_mid_run_interrupts_the_run(
 ) -> None:
     dep = _deployment(config, engine)
     folder = results / "deployments" / dep["deployment_id"]
-    campaign.deploy(
+    campaign_deploy.deploy(
         deployment=dep,
         backend="local",
         gpu=config["gpu"],
@@ -103,7 +104,7 @@ def test_the_server_killed_mid_run_interrupts_the_run(
     pid = int(_read_state(folder / "local.json")["pid"])
     run_id = f"defaults/{engine}/{CONDITION}/rep1"
     traces = results / "traces" / CONDITION / "rep1"
-    campaign.execute_run(
+    campaign_blocks.execute_run(
         settings={
             "backend": "local",
             "arm": "defaults",

@@ -24,9 +24,9 @@ import pytest
 import yaml
 from campaigns import Workdir, check_campaign_commands
 
-from servelab.campaign_status import target_runs
-from servelab.config import load_config
+from servelab.campaign.plan import target_runs
 from servelab.deploy.local import _alive, _read_state, _server_marker
+from servelab.grid.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 CONDITION = "rate-0.50"

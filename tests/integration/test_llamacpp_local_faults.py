@@ -18,10 +18,11 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from servelab import campaign
-from servelab import config as grid
 from servelab.artifacts import read_run_json
+from servelab.campaign import blocks as campaign_blocks
+from servelab.campaign import deploy as campaign_deploy
 from servelab.deploy.local import LocalBackend, LocalError, stop_all
+from servelab.grid import config as grid
 from servelab.workload import compile_trace_files
 
 pytestmark = pytest.mark.usefixtures("llama_server_program", "prometheus_program")
@@ -80,7 +81,7 @@ def _deployment(config: dict) -> dict:
 def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dict) -> None:
     dep = _deployment(config)
     folder = results / "deployments" / dep["deployment_id"]
-    campaign.deploy(
+    campaign_deploy.deploy(
         deployment=dep,
         backend="local",
         gpu=config["gpu"],
@@ -92,7 +93,7 @@ def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dic
     )
     run_id = f"defaults/llamacpp/{CONDITION}/rep1"
     traces = results / "traces" / CONDITION / "rep1"
-    campaign.execute_run(
+    campaign_blocks.execute_run(
         settings={
             "backend": "local",
             "arm": "defaults",

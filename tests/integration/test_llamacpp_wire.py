@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from servelab.artifacts.runrecord import build_run_record
 from servelab.deploy.llama_server import llama_server_binary, server_command
 from servelab.deploy.tiny_model import BOS_TOKEN_ID, ensure_tiny_model
 from servelab.dispatch import CLIENTS, Dispatcher, DispatchError, TimedAction
@@ -46,8 +47,7 @@ from servelab.dispatch.run import (
     requests_table,
     tokenizer_counter,
 )
-from servelab.runrecord import build_run_record
-from servelab.settings import DispatchSettings
+from servelab.grid.settings import DispatchSettings
 from servelab.workload import LoadedTrace, compile_trace_files, load_trace
 from servelab.workload.release import TraceRequest
 

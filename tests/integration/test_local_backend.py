@@ -17,14 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from servelab import campaign, identity
-from servelab import config as grid
 from servelab.analysis import load_runs
 from servelab.artifacts import read_parquet, read_run_json
+from servelab.campaign import blocks as campaign_blocks
+from servelab.campaign import deploy as campaign_deploy
 from servelab.deploy import RunRequest
 from servelab.deploy.local import LocalBackend, _alive, _read_state, stop_all
 from servelab.engines.metrics import canonical_metrics
-from servelab.settings import DispatchSettings, TelemetrySettings
+from servelab.grid import config as grid
+from servelab.grid import identity
+from servelab.grid.settings import DispatchSettings, TelemetrySettings
 from servelab.telemetry import canonicalize_files
 from servelab.workload import compile_trace_files
 
@@ -102,7 +104,7 @@ def deployment(study: dict, engine: str) -> dict:
 def deploy(root: Path, study: dict, engine: str, backend: str) -> dict:
     dep = deployment(study, engine)
     folder = root / "deployments" / dep["deployment_id"]
-    return campaign.deploy(
+    return campaign_deploy.deploy(
         deployment=dep,
         backend=backend,
         gpu=study["gpu"],
@@ -136,7 +138,7 @@ def execute(root: Path, study: dict, engine: str, backend: str, rep: str = "rep1
     dep = deployment(study, engine)
     run_dir = root / "runs" / "defaults" / engine / CONDITION / rep
     traces = root / "traces" / CONDITION / rep
-    campaign.execute_run(
+    campaign_blocks.execute_run(
         settings=settings(study, engine, rep, backend),
         deployment=dep,
         results_dir=str(root),
@@ -240,7 +242,7 @@ def test_reclamation_moves_the_engine_and_interrupts_the_run(results: Path, stud
     assert start["hostname"] == end["hostname"]
     assert start["node_id"] != end["node_id"] and start["instance_id"] != end["instance_id"]
     assert "reclamation" in record["reclaimed_reason"]
-    assert campaign._was_reclaimed(record)
+    assert campaign_blocks._was_reclaimed(record)
     table = read_parquet(
         Path(run_request(results, study, "sglang", "rep2", []).requests_path),
         __import__("servelab.artifacts").artifacts.REQUESTS_SCHEMA,
@@ -263,7 +265,7 @@ def test_engine_crash_fails_the_run_and_the_next_run_restarts_it(
     )
     assert failed["status"] == "failed"
     assert failed["node"]["start"] == failed["node"]["end"]  # a crash is not a reclamation
-    assert not campaign._was_reclaimed(failed)
+    assert not campaign_blocks._was_reclaimed(failed)
     assert failed["n_failed"] > 0
     again = backend.run(run_request(results, study, "vllm", "rep2", []))
     assert again["status"] == "ok"
@@ -292,7 +294,7 @@ def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
     deploy(root, study, "sglang", "local")
     config = {**study, "backend": "local", "campaign": {**study["campaign"], "faults": []}}
     run = {"arm": "defaults", "engine": "sglang", "condition": CONDITION, "offered_load_rps": 3.0}
-    block = campaign.BlockPaths(root, "defaults", "sglang", CONDITION)
+    block = campaign_blocks.BlockPaths(root, "defaults", "sglang", CONDITION)
     traces = [root / "traces" / CONDITION / rep for rep in ("rep1", "rep2")]
     fault = {"run": block.block_id + "/rep2", "kind": "reclaim", "at_s": 2.0}
     # The local backend's live processes (the engine server a reclamation restarts, with its
@@ -328,7 +330,7 @@ def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
 
 
 def _reclaimed_block(root, config, dep, run, fault, traces, block) -> dict:
-    return campaign.execute_block(
+    return campaign_blocks.execute_block(
         identity={
             "deployment": identity.deployment_identity(config, dep),
             "run": identity.run_identity(config, run),

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servelab.config import deployment_for, runs
 from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_deployment, resolve_settings, write_rendered
+from servelab.grid.config import deployment_for, runs
 
 REPO = Path(__file__).resolve().parents[2]
 

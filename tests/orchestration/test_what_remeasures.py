@@ -1,4 +1,4 @@
-"""What re-measures (servelab.identity), through the real workflow: over a completed tiny sim
+"""What re-measures (servelab.grid.identity), through the real workflow: over a completed tiny sim
 campaign, a dry run after changing one operational setting plans no deploy, run or telemetry job;
 after changing one identity setting it plans exactly the runs that setting defines."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from campaigns import Workdir
 
 from servelab.artifacts import read_json
-from servelab.settings import PlatformSettings
+from servelab.grid.settings import PlatformSettings
 from servelab.sim.platform import PlatformModel
 
 

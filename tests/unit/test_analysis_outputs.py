@@ -31,7 +31,7 @@ from servelab.analysis.synthetic import (
 from servelab.analysis.verify import verify
 from servelab.artifacts import ArtifactError
 from servelab.cli import main as servelab_main
-from servelab.config import load_config
+from servelab.grid.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 the repository's code or documents cites a document outside the repository.
 
 Everything checked is found by introspection (the schemas of servelab.artifacts, the file names the
-code and the rules write, the keys of a run record as servelab.runrecord builds it), so a new
+code and the rules write, the keys of a run record as servelab.artifacts.runrecord builds it), so a new
 column, file or run.json field fails here until the page describes it.
 """
 
@@ -18,8 +18,9 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from servelab import artifacts, runrecord
+from servelab import artifacts
 from servelab.analysis.verify import analysis_outputs
+from servelab.artifacts import runrecord
 
 REPO = Path(__file__).resolve().parents[2]
 DOC_PATH = REPO / "docs" / "architecture.md"
@@ -174,7 +175,7 @@ def test_every_vocabulary_entry_is_named(doc: str, name: str) -> None:
 
 
 def built_run_record() -> dict[str, object]:
-    """A run record as servelab.runrecord builds it, from an empty requests table."""
+    """A run record as servelab.artifacts.runrecord builds it, from an empty requests table."""
     samples: dict[str, object] = {
         "arm": "defaults",
         "engine": "vllm",
@@ -345,7 +346,7 @@ def test_nothing_cites_a_document_outside_the_repository() -> None:
 
 # ----------------------------------------------------------------------------- configuration
 
-SCHEMA_PATH = REPO / "src" / "servelab" / "config.schema.yaml"
+SCHEMA_PATH = REPO / "src" / "servelab" / "grid" / "config.schema.yaml"
 
 
 def config_keys(

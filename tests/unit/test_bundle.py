@@ -1,4 +1,4 @@
-"""servelab.bundle: a campaign's bundle is deterministic, verifies elsewhere, and refuses damage."""
+"""servelab.bundle.archive: a campaign's bundle is deterministic, verifies elsewhere, and refuses damage."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 
 from servelab.analysis import analyze, record_checksums
 from servelab.analysis.synthetic import write_synthetic_grid
-from servelab.bundle import (
+from servelab.bundle.archive import (
     BUNDLE_ROOT,
     VERIFIED_PREFIX,
     BundleError,
@@ -25,7 +25,7 @@ from servelab.bundle import (
     write_bundle,
 )
 from servelab.cli import main
-from servelab.config import deployment_for, load_config, runs
+from servelab.grid.config import deployment_for, load_config, runs
 
 REPO = Path(__file__).resolve().parents[2]
 FAILED_RUN = "matched/sglang/rate-0.12/rep2"

@@ -1,4 +1,4 @@
-"""Protected measurements (campaign.execute_block, campaign.deploy): a forced re-run publishes the
+"""Protected measurements (campaign_blocks.execute_block, campaign_deploy.deploy): a forced re-run publishes the
 sealed measurement again, a changed identity moves it aside with its reason (never deletes it),
 and every start-up log of a real engine is kept. The backend is a stand-in that counts its runs;
 the campaign's own logic is what is tested."""
@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from servelab import campaign, identity
 from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, write_json, write_parquet
-from servelab.runrecord import build_run_record
+from servelab.artifacts.runrecord import build_run_record
+from servelab.campaign import blocks as campaign_blocks
+from servelab.campaign import deploy as campaign_deploy
+from servelab.grid import identity
 
 CONDITION = "rate-0.28"
 
@@ -72,8 +74,8 @@ def measure(setup: dict[str, Any], backend: CountingBackend, config: dict[str, A
     config = {**config, "backend": backend.name}
     run = {"arm": "defaults", "engine": "vllm", "condition": CONDITION, "offered_load_rps": 1.0}
     deployment = {"deployment_id": "d1", "arm": "defaults", "engine": "vllm", "flags": []}
-    block = campaign.BlockPaths(setup["root"], "defaults", "vllm", CONDITION)
-    return campaign.execute_block(
+    block = campaign_blocks.BlockPaths(setup["root"], "defaults", "vllm", CONDITION)
+    return campaign_blocks.execute_block(
         identity={
             "deployment": identity.deployment_identity(config, deployment),
             "run": identity.run_identity(config, run),
@@ -102,14 +104,15 @@ def use_backend(monkeypatch: pytest.MonkeyPatch) -> dict[str, CountingBackend]:
     def get_backend(name: str, **_: Any) -> CountingBackend:
         return backends.setdefault(name, CountingBackend(name))
 
-    monkeypatch.setattr(campaign, "get_backend", get_backend)
+    monkeypatch.setattr(campaign_deploy, "get_backend", get_backend)
+    monkeypatch.setattr(campaign_blocks, "get_backend", get_backend)
     return backends
 
 
 def test_a_forced_re_run_publishes_the_sealed_measurement(setup, use_backend) -> None:
     measure(setup, CountingBackend("kubernetes"), setup["config"])
     first = (run_dir(setup) / "run.json").stat().st_ino
-    for name in campaign.RUN_FILES:  # what Snakemake does before a forced job
+    for name in campaign_blocks.RUN_FILES:  # what Snakemake does before a forced job
         (run_dir(setup) / name).unlink()
     measure(setup, CountingBackend("kubernetes"), setup["config"])
     assert use_backend["kubernetes"].runs == ["defaults/vllm/rate-0.28/rep1"]
@@ -154,11 +157,11 @@ def test_a_simulated_measurement_of_another_identity_is_dropped(setup, use_backe
 
 @pytest.mark.parametrize(("backend", "kept"), [("kubernetes", ["001", "002"]), ("sim", [])])
 def test_every_start_up_log_of_a_real_engine_is_kept(setup, backend, kept, monkeypatch) -> None:
-    monkeypatch.setattr(campaign, "parse_startup_log", lambda text, engine: _Parsed())
-    monkeypatch.setattr(campaign, "check_resolved", lambda parsed, **_: None)
+    monkeypatch.setattr(campaign_deploy, "parse_startup_log", lambda text, engine: _Parsed())
+    monkeypatch.setattr(campaign_deploy, "check_resolved", lambda parsed, **_: None)
     folder = setup["root"] / "deployments" / "d2"
     for _ in range(2):
-        campaign.deploy(
+        campaign_deploy.deploy(
             deployment={
                 "deployment_id": "d2",
                 "engine": "vllm",

@@ -20,20 +20,11 @@ from campaigns import tiny_config
 from snakemake.utils import update_config
 
 from servelab.artifacts import RUN_JSON_REQUIRED
-from servelab.campaign_status import (
-    STATUS_COLUMNS,
-    RedoError,
-    campaign_status,
-    format_plan,
-    paired_conditions,
-    plan_campaign,
-    redo_runs,
-    run_status,
-    status_csv,
-    target_runs,
-)
+from servelab.campaign.plan import format_plan, paired_conditions, plan_campaign, target_runs
+from servelab.campaign.redo import RedoError, redo_runs
+from servelab.campaign.status import STATUS_COLUMNS, campaign_status, run_status, status_csv
 from servelab.cli import main
-from servelab.config import Run, load_config, validate_config
+from servelab.grid.config import Run, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "config" / "config.yaml"

@@ -1,4 +1,4 @@
-"""The capacity search (servelab.capacity): the bisection's geometric midpoint and stopping rule on a
+"""The capacity search (servelab.capacity.method): the bisection's geometric midpoint and stopping rule on a
 known threshold, the saturation probe's bracket and a probe's pass/fail read from run artifacts with
 known metrics, the worst-case cost, and, on the sim backend with short runs, that the bisection's
 bracket agrees with an exhaustive sweep over a fine rate grid on the same seeds."""
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from servelab.analysis.synthetic import RunSpec, write_simple_run
-from servelab.capacity import (
+from servelab.capacity.method import (
     CapacitySettings,
     Search,
     bracket_of,
@@ -24,8 +24,8 @@ from servelab.capacity import (
     saturation_bracket,
     worst_case_cost_s,
 )
-from servelab.capacity_run import deploy_search, measure_probe
-from servelab.config import ConfigError
+from servelab.capacity.step import deploy_search, measure_probe
+from servelab.grid.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

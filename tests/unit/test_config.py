@@ -6,8 +6,8 @@ import collections
 
 import pytest
 
-from servelab import config as grid
-from servelab.config import ConfigError, validate_config
+from servelab.grid import config as grid
+from servelab.grid.config import ConfigError, validate_config
 
 
 def test_study_config_is_valid_and_expands_to_the_99_run_grid(study_config):

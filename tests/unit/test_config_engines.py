@@ -11,7 +11,7 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from servelab.config import (
+from servelab.grid.config import (
     ConfigError,
     analysis_settings,
     deployment_for,

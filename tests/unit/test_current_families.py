@@ -12,7 +12,6 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from servelab.config import ConfigError, drop_removed_engines, validate_config
 from servelab.engines import (
     METRIC_MAP,
     check_resolved,
@@ -22,6 +21,7 @@ from servelab.engines import (
 )
 from servelab.engines.base import FlagError, ResolutionError
 from servelab.engines.sglang_v05 import cuda_graph_sizes, prefill_graph_sizes
+from servelab.grid.config import ConfigError, drop_removed_engines, validate_config
 from servelab.sim.run import build_engine
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from servelab.artifacts.runrecord import build_run_record
 from servelab.dispatch import (
     CLIENTS,
     Dispatcher,
@@ -20,7 +21,6 @@ from servelab.dispatch import (
     pool_size,
 )
 from servelab.dispatch.run import requests_table
-from servelab.runrecord import build_run_record
 from servelab.sim.server import ConstantModel, FaultConfig, ServerThread, SimServer, fault_decision
 from servelab.workload.release import TraceRequest
 

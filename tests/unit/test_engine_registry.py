@@ -17,7 +17,6 @@ from servelab import cli
 from servelab.analysis import figdata
 from servelab.analysis.pipeline import build_analysis, write_figures
 from servelab.analysis.synthetic import RunSpec, write_simple_run
-from servelab.config import ConfigError, validate_config
 from servelab.engines import (
     METRIC_MAP,
     EngineSpec,
@@ -38,6 +37,7 @@ from servelab.engines import (
 from servelab.engines.base import EngineFlags, ResolutionError
 from servelab.engines.logtext import BOOL, LogLine, Reader, field
 from servelab.engines.registry import register, unregister
+from servelab.grid.config import ConfigError, validate_config
 from servelab.telemetry.prometheus import promql_queries
 
 # ------------------------------------------------------------------------ the toy engine

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from servelab import config as grid
 from servelab.engines import FlagError, ResolutionError, resolve, runtime_limits
+from servelab.grid import config as grid
 
 L4_MIB = 23034
 MODEL = "--model=meta-llama/Llama-3.1-8B-Instruct"

@@ -7,7 +7,6 @@ from datetime import datetime
 
 import pytest
 
-from servelab import config as grid
 from servelab.engines import (
     CONFIG_FIELDS,
     check_resolved,
@@ -16,6 +15,7 @@ from servelab.engines import (
     resolve,
 )
 from servelab.engines import _cli_tables as tables
+from servelab.grid import config as grid
 
 T0 = datetime(2024, 10, 14, 12, 0, 0)
 L4_MIB = 23034

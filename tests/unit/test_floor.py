@@ -14,15 +14,15 @@ import yaml
 from servelab.analysis.floor import max_in_flight, write_floor
 from servelab.analysis.reduce import reduce_requests
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, write_json
-from servelab.config import (
+from servelab.dispatch import dispatch_run_files
+from servelab.grid.config import (
     FloorShape,
     floor_blocks,
     floor_run_config,
     floor_settings,
     load_config,
 )
-from servelab.dispatch import dispatch_run_files
-from servelab.identity import run_identity
+from servelab.grid.identity import run_identity
 from servelab.sim.run import simulate_run_files
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload import compile_trace, compile_trace_files, load_trace

@@ -1,4 +1,4 @@
-"""servelab.identity: every settings key classified once; identity alone keys a measurement."""
+"""servelab.grid.identity: every settings key classified once; identity alone keys a measurement."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from servelab import identity
-from servelab.config import _schema_file
-from servelab.settings import SECTIONS
+from servelab.grid import identity
+from servelab.grid.config import _schema_file
+from servelab.grid.settings import SECTIONS
 
 
 def test_every_settings_key_is_classified_exactly_once() -> None:

@@ -51,9 +51,9 @@ RULES: tuple[Rule, ...] = (
             "servelab.artifacts": "the artifact schemas and their readers/writers: what it reads",
             "servelab.engines": "the engine registry: which engines there are and their metric "
             "names (facts that know no backend)",
-            "servelab.config": "the study config: the `analysis:` parameters (analysis.cli) and "
+            "servelab.grid.config": "the study config: the `analysis:` parameters (analysis.cli) and "
             "the run grid that analysis.synthetic writes fixtures for; it imports no backend",
-            "servelab.runrecord": "run.json's builder, so synthetic fixtures carry the fields "
+            "servelab.artifacts.runrecord": "run.json's builder, so synthetic fixtures carry the fields "
             "the backends write",
         },
         forbidden=(
@@ -402,13 +402,13 @@ def test_checker_reports_an_analysis_import_outside_its_allowed_list(tmp_path: P
             "servelab/deploy/local.py": "",
             "servelab/analysis/__init__.py": "",
             "servelab/analysis/tables.py": "from servelab import artifacts\nfrom . import runs\n",
-            "servelab/analysis/runs.py": "from servelab.provenance import stamp\n",
-            "servelab/analysis/cli.py": "from servelab.config import load_config\n",
+            "servelab/analysis/runs.py": "from servelab.artifacts.provenance import stamp\n",
+            "servelab/analysis/cli.py": "from servelab.grid.config import load_config\n",
         },
     )
     analysis_rule = next(r for r in RULES if r.layer == "servelab.analysis")
     breaks = rule_breaks(import_graph(src), [analysis_rule])
     assert [b.split(" (")[0] for b in breaks] == [
-        "servelab.analysis.cli -> servelab.config -> servelab.deploy.local",
-        "servelab.analysis.runs -> servelab.provenance",
+        "servelab.analysis.cli -> servelab.grid.config -> servelab.deploy.local",
+        "servelab.analysis.runs -> servelab.artifacts.provenance",
     ]

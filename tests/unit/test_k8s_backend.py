@@ -12,7 +12,6 @@ import pytest
 import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
-from servelab.config import deployment_for
 from servelab.deploy.kubernetes import (
     DeployTimeout,
     KubernetesBackend,
@@ -22,6 +21,7 @@ from servelab.deploy.kubernetes import (
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.deploy.node import detect_reclamation
 from servelab.engines import ResolvedConfigMismatch
+from servelab.grid.config import deployment_for
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "hf_FAKEkubeSENTINELtoken0123456789abcdef"
@@ -320,9 +320,9 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
 
     import servelab.deploy.measure as measure_mod
     from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, write_parquet
+    from servelab.artifacts.runrecord import build_run_record
     from servelab.deploy import RunRequest
-    from servelab.runrecord import build_run_record
-    from servelab.settings import DispatchSettings, TelemetrySettings
+    from servelab.grid.settings import DispatchSettings, TelemetrySettings
 
     spec = _spec(study, "defaults", "vllm", "rate-0.12")  # run() renders it itself
     cluster = _cluster()

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
-from servelab.config import deployment_for
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.engines import ResolvedConfigMismatch, check_resolved, parse_startup_log
+from servelab.grid.config import deployment_for
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = REPO / "tests" / "data" / "engine-logs"

@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 import servelab
-from servelab.config import ConfigError, deployment_for, runs, validate_config
 from servelab.deploy.manifests import (
     DEFAULTS,
     ENGINE_COMMANDS,
@@ -35,8 +34,9 @@ from servelab.deploy.manifests import (
     templates_dir,
     write_rendered,
 )
-from servelab.identity import MANIFEST_KEYS
-from servelab.settings import KubernetesSettings
+from servelab.grid.config import ConfigError, deployment_for, runs, validate_config
+from servelab.grid.identity import MANIFEST_KEYS
+from servelab.grid.settings import KubernetesSettings
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "manifests"
@@ -544,7 +544,7 @@ _CHANGED_SETTING = {
 
 
 def test_exactly_the_manifest_keys_reach_a_manifest(study: dict) -> None:
-    """servelab.identity.MANIFEST_KEYS are the render rule's params: a key left out would not
+    """servelab.grid.identity.MANIFEST_KEYS are the render rule's params: a key left out would not
     re-render when changed, a key put in would re-render (and redeploy) for nothing."""
     assert set(_CHANGED_SETTING) == {f.name for f in dataclasses.fields(KubernetesSettings)}
     deployments = list(_study_deployments(study).values())

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from snakemake.utils import update_config
 
-from servelab.config import deployment_for, drop_removed_engines, runs, validate_config
 from servelab.deploy.manifests import deployment_templates, render_for, write_rendered
+from servelab.grid.config import deployment_for, drop_removed_engines, runs, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "manifests_current"

@@ -11,10 +11,10 @@ from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
 from servelab.analysis.restarts import read_restart_record
 from servelab.artifacts import ArtifactError, restart_events_out_of_order
-from servelab.config import deployment_for
 from servelab.deploy.kubernetes import KubernetesBackendError, redact
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.deploy.restart import RESTART_EVENTS, event_time, phases, timeline_from_events
+from servelab.grid.config import deployment_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from servelab.deploy.machine_load import (
     load_record,
     process_ticks,
 )
-from servelab.identity import deployment_identity
+from servelab.grid.identity import deployment_identity
 
 STAT = """cpu  100 0 50 1000 5 0 0 0 0 0
 cpu0 60 0 30 500 5 0 0 0 0 0

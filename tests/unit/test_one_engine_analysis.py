@@ -21,7 +21,7 @@ from servelab.analysis.pipeline import build_analysis
 from servelab.analysis.show import show_table
 from servelab.analysis.synthetic import RunSpec, telemetry_table, write_simple_run
 from servelab.artifacts import TELEMETRY_SCHEMA, write_parquet
-from servelab.config import analysis_settings
+from servelab.grid.config import analysis_settings
 
 CONDITION = "rate-0.30"
 REPS = ("rep1", "rep2", "rep3")

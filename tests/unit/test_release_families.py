@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from servelab.config import ConfigError, validate_config
 from servelab.engines import EngineSpec, LogFormat, UnknownEngineLog, detect_engine, registered
 from servelab.engines.base import EngineFlags, ResolutionError, ResolvedConfig, RuntimeLimits
 from servelab.engines.logtext import LogLine, Reader
@@ -27,6 +26,7 @@ from servelab.engines.registry import (
     products,
 )
 from servelab.engines.resolve import resolve
+from servelab.grid.config import ConfigError, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = re.compile(r"^toy\[(?P<level>INFO|ERROR)\] (?P<msg>.*)$")

@@ -1,4 +1,4 @@
-"""Typed settings (servelab.settings): the schema and the dataclasses name the same keys, every
+"""Typed settings (servelab.grid.settings): the schema and the dataclasses name the same keys, every
 default lives in the dataclasses, and sections merge as documented."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from servelab.config import validate_config
 from servelab.deploy.manifests import DEFAULTS, resolve_settings
-from servelab.settings import (
+from servelab.grid.config import validate_config
+from servelab.grid.settings import (
     SECTIONS,
     DispatchSettings,
     KubernetesSettings,
@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def schema() -> dict[str, Any]:
-    text = resources.files("servelab").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    text = (
+        resources.files("servelab.grid").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    )
     return yaml.safe_load(text)
 
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json
-from servelab.config import ConfigError, load_config, validate_config
-from servelab.identity import run_identity
-from servelab.settings import PlatformSettings
+from servelab.grid.config import ConfigError, load_config, validate_config
+from servelab.grid.identity import run_identity
+from servelab.grid.settings import PlatformSettings
 from servelab.sim.cost import CostModel
 from servelab.sim.platform import PlatformModel
 from servelab.sim.presets import gpu_preset, model_preset

@@ -17,8 +17,8 @@ from servelab.artifacts import (
     read_parquet,
     read_run_json,
 )
-from servelab.config import arm_conditions, deployment_for
 from servelab.engines import METRIC_MAP, parse_startup_log
+from servelab.grid.config import arm_conditions, deployment_for
 from servelab.sim.run import sim_deploy, sim_platform, simulate_run_files
 from servelab.workload import compile_trace_files
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servelab.config import trace_seed
+from servelab.grid.config import trace_seed
 from servelab.workload.arrivals import arrival_times, gamma_gaps
 from servelab.workload.streams import substream
 from servelab.workload.topology import ToolDelay, tool_delays

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from servelab.artifacts import TRACE_MANIFEST_REQUIRED, TRACE_SCHEMA, read_parquet
-from servelab.config import load_config, trace_seed
+from servelab.grid.config import load_config, trace_seed
 from servelab.workload import (
     CHECKS,
     ReleaseTracker,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import transformers
 
-from servelab.config import conditions, load_config, trace_seed
+from servelab.grid.config import conditions, load_config, trace_seed
 from servelab.workload.prompts import (
     PromptError,
     build_prompts,

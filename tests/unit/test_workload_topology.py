@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from servelab.config import ConfigError
+from servelab.grid.config import ConfigError
 from servelab.workload.release import ReleaseTracker, TraceRequest
 from servelab.workload.topology import ToolDelay, graph_rows, request_id, tool_delays
 

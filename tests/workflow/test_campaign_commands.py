@@ -1,7 +1,7 @@
 """`servelab campaign plan|status|redo` for real against every shipped config, each after a tiny
 campaign of that config run through the real Snakefile with the same `--configfile` list.
 
-The workflow and every CLI command read a config through one merge (`servelab.config.load_config`,
+The workflow and every CLI command read a config through one merge (`servelab.grid.config.load_config`,
 whose `prepare_config` the Snakefile calls too), so a config the workflow runs is one the CLI reads,
 with the same grid: the runs the campaign measured are `done` in `status`, not in `plan`, and `redo`
 moves one aside so that `status` then says `missing`.
@@ -27,8 +27,8 @@ import pytest
 import yaml
 from campaigns import Workdir, check_campaign_commands, llamacpp_campaign
 
-from servelab.campaign_status import target_runs
-from servelab.config import load_config
+from servelab.campaign.plan import target_runs
+from servelab.grid.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

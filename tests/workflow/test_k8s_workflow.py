@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from fakekube import FakeCluster, PodScript, engine_log, running
 
-from servelab.config import deployment_for
+from servelab.grid.config import deployment_for
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"

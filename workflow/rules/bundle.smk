@@ -1,6 +1,6 @@
 # One campaign in one file: every trace, deployment record, run artifact and analysis output with
 # the configuration and provenance, as a deterministic .tar.gz that `servelab verify` checks and
-# regenerates byte for byte on another machine (servelab.bundle).
+# regenerates byte for byte on another machine (servelab.bundle.archive).
 
 
 rule bundle:

@@ -40,7 +40,7 @@ checkpoint capacity_step:
         gpu_slots=1,
     params:
         search=capacity_search,
-        # What defines the probes (servelab.capacity.search_identity); operational settings are
+        # What defines the probes (servelab.capacity.method.search_identity); operational settings are
         # read from the workflow's config when the step runs: changing one re-measures nothing.
         identity=capacity_identity,
     message:

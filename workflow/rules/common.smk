@@ -6,12 +6,12 @@ from pathlib import Path
 
 from snakemake.io import report as for_report
 
-import servelab.config as grid
+import servelab.grid.config as grid
 import servelab.deploy.manifests as manifests
-import servelab.campaign_status as status
-import servelab.capacity as capacity
-import servelab.identity as identity
-from servelab.config import ConfigError
+import servelab.campaign.plan as plan
+import servelab.capacity.method as capacity
+import servelab.grid.identity as identity
+from servelab.grid.config import ConfigError
 
 try:
     grid.prepare_config(config)  # what every servelab command does to the config it merged
@@ -39,13 +39,13 @@ def alternation(values):
     return "|".join(sorted(re.escape(value) for value in values))
 
 
-# The capacity searches (servelab.capacity), when the config has a `capacity:` section.
+# The capacity searches (servelab.capacity.method), when the config has a `capacity:` section.
 SEARCHES = (
     {search.id: search for search in capacity.searches(config)} if config.get("capacity") else {}
 )
 
 
-# The unloaded floor (servelab.config.floor_blocks): per deployment, each request shape it serves,
+# The unloaded floor (servelab.grid.config.floor_blocks): per deployment, each request shape it serves,
 # one request at a time.
 FLOOR_BLOCKS = {block.id: block for block in grid.floor_blocks(config)}
 FLOOR_SHAPES = {block.shape.id: block.shape for block in FLOOR_BLOCKS.values()}
@@ -166,7 +166,7 @@ def block_inputs(name):
 
 
 def block_identity(wildcards):
-    """What defines the block's measurements (servelab.identity): the deployment, the run
+    """What defines the block's measurements (servelab.grid.identity): the deployment, the run
     settings that are identity, and its repetitions. Operational settings are not params."""
     condition = CONDITIONS[wildcards.condition]
     if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, REPS[0]):
@@ -226,15 +226,15 @@ def run_dirs(runs):
 
 def paired_conditions():
     """Conditions measured by both engines in both arms: the rows of Tables 4-6."""
-    return status.paired_conditions(config)
+    return plan.paired_conditions(config)
 
 
 def table5_runs():
-    return status.target_runs(config, "table5")
+    return plan.target_runs(config, "table5")
 
 
 def table4_runs():
-    return status.target_runs(config, "table4")
+    return plan.target_runs(config, "table4")
 
 
 def trace_manifests():
@@ -347,7 +347,7 @@ def capacity_search(wildcards):
 
 
 def capacity_identity(wildcards):
-    """What defines the search's measurements (servelab.capacity.search_identity)."""
+    """What defines the search's measurements (servelab.capacity.method.search_identity)."""
     return capacity.search_identity(config, SEARCHES[wildcards.search])
 
 

@@ -14,7 +14,7 @@ rule render_manifests:
         "../../environment.yml"
     params:
         deployment=deployment_spec,
-        # Only the kubernetes settings written into a manifest (servelab.identity): a timeout or
+        # Only the kubernetes settings written into a manifest (servelab.grid.identity): a timeout or
         # the kubeconfig re-renders nothing.
         kubernetes=identity.manifest_settings(config),
     script:
@@ -34,7 +34,7 @@ rule deploy:
     resources:
         gpu_slots=1,
     params:
-        # What defines the deployment (servelab.identity); the cluster's whereabouts and the
+        # What defines the deployment (servelab.grid.identity); the cluster's whereabouts and the
         # waits are operational, read when the job runs.
         identity=deployment_identity,
     message:

@@ -1,7 +1,7 @@
 # One block: every repetition of one (arm, engine, condition), measured by one job (retrying failed
 # attempts, keeping each; on a reclaimed node, discarding and repeating the whole block), with the
 # raw engine-metric window and the run record of each repetition. Only the settings that define a
-# measurement are params (servelab.identity); operational ones are read when the job runs.
+# measurement are params (servelab.grid.identity); operational ones are read when the job runs.
 
 
 rule run:

@@ -2,7 +2,7 @@
 # and wall time, read from the artifacts only: it plans no deploy, run or telemetry job, so it is
 # safe to ask for during a campaign and after it. See docs/campaigns.md.
 
-from servelab.campaign_status import artifacts_fingerprint
+from servelab.campaign.status import artifacts_fingerprint
 
 
 rule campaign_status:

@@ -1,6 +1,6 @@
 """Snakemake adapter: the campaign's results, configuration and provenance as one bundle."""
 
-from servelab.bundle import write_bundle
+from servelab.bundle.archive import write_bundle
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from servelab.campaign_status import write_status_csv
+from servelab.campaign.status import write_status_csv
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake

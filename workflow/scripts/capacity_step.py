@@ -1,11 +1,11 @@
 """Snakemake adapter: one step of a capacity search (decide, measure one probe, write the state)."""
 
-from servelab.capacity import Search
-from servelab.capacity_run import capacity_step
+from servelab.capacity.method import Search
+from servelab.capacity.step import capacity_step
 from servelab.workflow_io import log_to
 
 # `snakemake` is injected by Snakemake. The job runs with the workflow's config (its identity is
-# the params, servelab.capacity.search_identity).
+# the params, servelab.capacity.method.search_identity).
 with log_to(snakemake.log[0]):
     previous = list(snakemake.input.previous)
     capacity_step(

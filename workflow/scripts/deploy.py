@@ -1,7 +1,7 @@
 """Snakemake adapter: bring a deployment up and gate its resolved configuration."""
 
-from servelab.campaign import deploy
-from servelab.identity import operational_settings
+from servelab.campaign.deploy import deploy
+from servelab.grid.identity import operational_settings
 from servelab.workflow_io import log_to
 
 # `snakemake` is injected by Snakemake. Operational settings (kubeconfig, timeouts, ...) are read

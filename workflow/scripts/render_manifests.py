@@ -1,6 +1,6 @@
 """Snakemake adapter: render one deployment's Kubernetes manifests."""
 
-from servelab.campaign import render_manifests
+from servelab.campaign.deploy import render_manifests
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake

@@ -1,6 +1,6 @@
 """Snakemake adapter: one restart of an engine's pod, with its event timeline."""
 
-from servelab.campaign import restart_experiment
+from servelab.campaign.restart import restart_experiment
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake

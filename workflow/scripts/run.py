@@ -1,7 +1,7 @@
 """Snakemake adapter: one block (every repetition of one arm, engine and condition)."""
 
-from servelab.campaign import execute_block
-from servelab.identity import operational_settings
+from servelab.campaign.blocks import execute_block
+from servelab.grid.identity import operational_settings
 from servelab.workflow_io import log_to
 
 # `snakemake` is injected by Snakemake. Operational settings are read from the workflow's config

@@ -4,7 +4,7 @@ Reads artifacts only (through `servelab.artifacts`); never imports sim, dispatch
 telemetry. See docs/analysis.md for every definition and the missing-data policy.
 
 The names below are loaded on first use (PEP 562): importing one submodule, as the Snakefile's
-parse-time code does through `servelab.capacity`, must not import scipy.stats and matplotlib
+parse-time code does through `servelab.capacity.method`, must not import scipy.stats and matplotlib
 (2 s, paid by every snakemake invocation). The function `verify` is imported from its
 submodule, `servelab.analysis.verify`, whose name it shares.
 """

@@ -13,7 +13,7 @@ from servelab.analysis.pipeline import analyze
 from servelab.analysis.restarts import discover_restart_records
 from servelab.analysis.runs import discover_run_dirs
 from servelab.analysis.verify import record_checksums, verify
-from servelab.config import add_config_arguments, analysis_settings, load_config
+from servelab.grid.config import add_config_arguments, analysis_settings, load_config
 
 __all__ = ["register"]
 

@@ -27,7 +27,7 @@ from servelab.analysis.slo import (
     latency_values,
 )
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_text
-from servelab.config import FloorShape
+from servelab.grid.config import FloorShape
 
 __all__ = ["max_in_flight", "write_floor"]
 

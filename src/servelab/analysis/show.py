@@ -304,7 +304,7 @@ def show_table(path: Path) -> str:
 def _campaign_engines(table: Path) -> list[str] | None:
     """The engines in gap order: numbers.json's `engines` beside the table when the analysis
     wrote it; else the engines whose runs lie beside it (`runs/{arm}/{engine}/`), in registry
-    order, as the analysis orders them (`servelab.config.analysis_settings`)."""
+    order, as the analysis orders them (`servelab.grid.config.analysis_settings`)."""
     try:
         numbers = json.loads((table.parent / "numbers.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -26,8 +26,8 @@ from servelab.artifacts import (
     write_json,
     write_parquet,
 )
-from servelab.config import conditions, runs, trace_seed
-from servelab.runrecord import build_run_record
+from servelab.artifacts.runrecord import build_run_record
+from servelab.grid.config import conditions, runs, trace_seed
 
 __all__ = [
     "RunSpec",
@@ -453,7 +453,7 @@ def write_synthetic_grid(
     statuses: Mapping[str, str] | None = None,
     backend: str = "sim",
 ) -> tuple[list[Path], list[Path]]:
-    """Every run of `config`'s grid (servelab.config.runs) under `{root}/runs/...`, and the trace
+    """Every run of `config`'s grid (servelab.grid.config.runs) under `{root}/runs/...`, and the trace
     manifests under `{root}/traces/...`. Returns (run dirs, manifest paths).
 
     `duration_scale` shortens every run (tests); `statuses` forces run.json status by run id.

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servelab.deploy.backend import Backend, RunRequest
-from servelab.settings import KubernetesSettings
+from servelab.grid.settings import KubernetesSettings
 
 __all__ = ["BACKENDS", "Backend", "RunRequest", "get_backend"]
 

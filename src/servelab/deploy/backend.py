@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from servelab.settings import DispatchSettings, TelemetrySettings
+from servelab.grid.settings import DispatchSettings, TelemetrySettings
 
 __all__ = ["Backend", "RunRequest"]
 

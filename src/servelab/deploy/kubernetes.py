@@ -62,7 +62,7 @@ from servelab.deploy.node import detect_reclamation, node_identity
 from servelab.deploy.restart import restart_timeline
 from servelab.dispatch import DispatchResult
 from servelab.engines import check_resolved, parse_startup_log
-from servelab.settings import KubernetesSettings
+from servelab.grid.settings import KubernetesSettings
 
 __all__ = [
     "DeployTimeout",

@@ -52,7 +52,6 @@ from typing import Any
 import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
-from servelab.config import LOCAL_CPU_ENGINES, local_serves_real
 from servelab.deploy import sglang_cpu, vllm_cpu
 from servelab.deploy.backend import RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
@@ -67,7 +66,8 @@ from servelab.deploy.tiny_model import (
 from servelab.dispatch import DispatchResult, TimedAction
 from servelab.engines import parse_startup_log, probe_disagreement, startup_log_flags
 from servelab.engines.registry import engine_spec
-from servelab.settings import DispatchSettings, LocalSettings
+from servelab.grid.config import LOCAL_CPU_ENGINES, local_serves_real
+from servelab.grid.settings import DispatchSettings, LocalSettings
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER
 
 __all__ = [
@@ -422,7 +422,7 @@ assert tuple(CPU_ENGINES) == LOCAL_CPU_ENGINES
 
 
 def _serves_real(engine: str, gpu_name: str) -> bool:
-    """servelab.config.local_serves_real, or an engine the simulator does not imitate
+    """servelab.grid.config.local_serves_real, or an engine the simulator does not imitate
     (its spec prints no start-up log), which is refused when its server starts."""
     return local_serves_real(engine, gpu_name) or engine_spec(engine).render_startup_log is None
 

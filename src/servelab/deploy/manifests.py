@@ -41,7 +41,7 @@ import yaml
 
 from servelab.artifacts import write_text
 from servelab.engines.registry import EngineView, engine_names, product_of
-from servelab.settings import KubernetesSettings, SettingsError
+from servelab.grid.settings import KubernetesSettings, SettingsError
 
 __all__ = [
     "DEFAULTS",
@@ -72,7 +72,7 @@ MANIFEST_FILES = {
 ENGINE_COMMANDS: EngineView[tuple[str, ...]] = EngineView(lambda spec: spec.entrypoint)
 
 # The config's `kubernetes:` section with every key at its default: the defaults themselves are
-# servelab.settings.KubernetesSettings's (config/config.yaml repeats them; a test checks that the
+# servelab.grid.settings.KubernetesSettings's (config/config.yaml repeats them; a test checks that the
 # two agree). See docs/kubernetes.md for what each key does.
 DEFAULTS: dict[str, Any] = KubernetesSettings().as_dict()
 
@@ -92,7 +92,7 @@ class ManifestError(ValueError):
 def resolve_settings(k8s_settings: Mapping[str, Any] | None) -> dict[str, Any]:
     """`k8s_settings` (the config's `kubernetes:` section, possibly partial) over DEFAULTS.
 
-    Merged as servelab.settings.KubernetesSettings merges: nested sections key by key, while
+    Merged as servelab.grid.settings.KubernetesSettings merges: nested sections key by key, while
     `node_selector`, `resources`, `metrics_selector` and `pod_monitor.labels` replace the default
     as a whole (so a selector can drop the accelerator label). Unknown keys are an error naming
     them (the config schema says the same at load time).
@@ -331,7 +331,7 @@ def _check_document(text: str, file_name: str) -> None:
 
 
 def render_for(config: Mapping[str, Any], deployment: Any) -> dict[str, str]:
-    """Render a `servelab.config.Deployment` with the engine image/port and settings of `config`."""
+    """Render a `servelab.grid.config.Deployment` with the engine image/port and settings of `config`."""
     engine_spec = config["engines"][deployment.engine]
     settings = resolve_settings(config.get("kubernetes"))
     return render_deployment(

@@ -56,7 +56,7 @@ from servelab.deploy.kube_api import (
 )
 from servelab.deploy.manifests import load_rendered
 from servelab.deploy.node import detect_reclamation
-from servelab.settings import KubernetesSettings
+from servelab.grid.settings import KubernetesSettings
 
 __all__ = [
     "RESTART_EVENTS",

@@ -15,7 +15,7 @@ from typing import Any
 from servelab.dispatch.client import CLIENTS
 from servelab.dispatch.run import dispatch_run_files
 from servelab.engines.registry import engine_names
-from servelab.settings import DispatchSettings
+from servelab.grid.settings import DispatchSettings
 
 __all__ = ["register"]
 

@@ -72,7 +72,7 @@ from servelab.dispatch.records import (
     RequestSpec,
     describe_error,
 )
-from servelab.settings import DispatchSettings
+from servelab.grid.settings import DispatchSettings
 from servelab.workload.release import ReleaseTracker, TraceRequest
 
 __all__ = [

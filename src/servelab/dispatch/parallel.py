@@ -33,7 +33,7 @@ from servelab.dispatch.client import (
     overhead_summary,
 )
 from servelab.dispatch.records import RequestSpec
-from servelab.settings import DispatchSettings
+from servelab.grid.settings import DispatchSettings
 from servelab.workload.release import TraceRequest
 
 __all__ = ["run_parallel"]

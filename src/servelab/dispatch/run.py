@@ -17,12 +17,12 @@ import httpx
 import pyarrow as pa
 
 from servelab.artifacts import REQUESTS_SCHEMA, conform, write_json, write_parquet
+from servelab.artifacts.runrecord import build_run_record
 from servelab.dispatch.actions import TimedAction
 from servelab.dispatch.client import WARMUP_MAX_TOKENS, Dispatcher, DispatchResult, pool_size
 from servelab.dispatch.parallel import run_parallel
 from servelab.dispatch.records import RequestRecord, RequestSpec
-from servelab.runrecord import build_run_record
-from servelab.settings import DispatchSettings
+from servelab.grid.settings import DispatchSettings
 from servelab.workload import load_trace, warmup_prompts
 from servelab.workload.tokenizer import encode_batch, load_tokenizer
 

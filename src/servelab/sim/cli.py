@@ -16,7 +16,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from servelab.config import (
+from servelab.grid.config import (
     ARMS,
     ConfigError,
     add_config_arguments,

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from scipy.optimize import nnls
 
 from servelab.artifacts import write_json
-from servelab.settings import PlatformSettings
+from servelab.grid.settings import PlatformSettings
 from servelab.sim.cpu_platform import COEFFICIENTS, FEATURES, FeatureRecorder, StepCost
 from servelab.sim.platform import PlatformModel
 from servelab.sim.run import build_engine, simulate_run_files

@@ -11,7 +11,7 @@ The model: every iteration of a run takes `drift × noise` times its cost-model 
 ln drift ~ N(0, deployment_sd²) drawn once per deployment and ln noise ~ N(0, run_sd²) once per
 (deployment, condition, repetition). Both are seeded by SHA-256 of those names only, so identical
 inputs give byte-identical artifacts on any machine, and a run and its retries see the same
-platform. The spreads are config `sim.platform` (servelab.settings.PlatformSettings).
+platform. The spreads are config `sim.platform` (servelab.grid.settings.PlatformSettings).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.settings import PlatformSettings, SimSettings
+from servelab.grid.settings import PlatformSettings, SimSettings
 
 __all__ = ["PlatformModel"]
 

@@ -30,10 +30,10 @@ from servelab.artifacts import (
     write_parquet,
     write_text,
 )
-from servelab.config import conditions, deployment_for, offered_load
+from servelab.artifacts.runrecord import build_run_record
 from servelab.engines import ResolvedConfig, render_startup_log, resolve, startup_log_flags
-from servelab.runrecord import build_run_record
-from servelab.settings import PlatformSettings
+from servelab.grid.config import conditions, deployment_for, offered_load
+from servelab.grid.settings import PlatformSettings
 from servelab.sim.base import EngineModel
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration, CostModel
 from servelab.sim.cpu_platform import StepCost, step_costs_from_config

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from servelab.artifacts import TRACE_SCHEMA, read_parquet, read_trace_manifest
-from servelab.config import add_config_arguments, load_config
+from servelab.grid.config import add_config_arguments, load_config
 from servelab.workload.compiler import compile_from_config
 from servelab.workload.export import EXPORT_FORMATS, export_trace_files, meta_path
 from servelab.workload.validate import check_results

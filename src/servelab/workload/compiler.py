@@ -2,7 +2,7 @@
 
 Layers, each from its own named random stream of the trace seed (`streams.substream`):
 L1 arrivals ("arrivals"), L2 graphs and tool delays ("tool_delay"), L3 prompts ("prefix", "suffix").
-The seed depends only on (campaign seed, condition, rep) (`servelab.config.trace_seed`), so both engines and both
+The seed depends only on (campaign seed, condition, rep) (`servelab.grid.config.trace_seed`), so both engines and both
 arms replay byte-identical traces. Outputs hold no timestamps: the same inputs give byte-identical files.
 
 `compile_trace_files` writes the trace under a temporary name, validates the bytes it wrote (the six checks),
@@ -32,7 +32,7 @@ from servelab.artifacts import (
     write_json,
     write_parquet,
 )
-from servelab.config import ConfigError, conditions, trace_seed
+from servelab.grid.config import ConfigError, conditions, trace_seed
 from servelab.workload.arrivals import arrival_times
 from servelab.workload.prompts import LOCAL_WINDOW, build_prompts, prefix_length
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.config import ConfigError
+from servelab.grid.config import ConfigError
 from servelab.workload.streams import substream
 
 __all__ = [

@@ -38,10 +38,10 @@ from typing import Any
 
 import yaml
 
-from servelab import config as grid
 from servelab.analysis.verify import CHECKSUMS_FORMAT, analysis_outputs
 from servelab.artifacts import atomic_path, read_json
-from servelab.provenance import git_commit, servelab_version
+from servelab.artifacts.provenance import git_commit, servelab_version
+from servelab.grid import config as grid
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -53,7 +53,7 @@ __all__ = [
     "write_bundle",
 ]
 
-log = logging.getLogger("servelab.bundle")
+log = logging.getLogger("servelab.bundle.archive")
 PathLike = str | os.PathLike[str]
 
 BUNDLE_FORMAT = "servelab-bundle/1"

@@ -25,7 +25,7 @@ from servelab.engines.registry import (
     engine_specs,
 )
 from servelab.engines.startup_log import startup_log_flags
-from servelab.settings import DispatchSettings
+from servelab.grid.settings import DispatchSettings
 
 __all__ = [
     "ARMS",
@@ -122,7 +122,9 @@ _STUDY_ENGINES_PATTERN = "^(vllm|sglang)$"
 
 @cache
 def _schema_file() -> dict[str, Any]:
-    text = resources.files("servelab").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    text = (
+        resources.files("servelab.grid").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    )
     return yaml.load(text, Loader=_YAML_LOADER)
 
 

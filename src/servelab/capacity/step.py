@@ -1,6 +1,6 @@
 """One step of a capacity search: decide from the search's state, measure one probe through the
 campaign's own code (trace compilation, deployment and gate, runs and success check), and write the
-next state (`servelab.capacity` has the method)."""
+next state (`servelab.capacity.method` has the method)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from servelab import campaign
-from servelab.capacity import (
+from servelab.campaign import blocks as campaign_blocks
+from servelab.campaign import deploy as campaign_deploy
+from servelab.capacity.method import (
     CapacitySettings,
     Search,
     bracket_of,
@@ -21,8 +22,8 @@ from servelab.capacity import (
     saturation_bracket,
     write_state,
 )
-from servelab.config import offered_load, trace_seed
-from servelab.identity import manifest_settings
+from servelab.grid.config import offered_load, trace_seed
+from servelab.grid.identity import manifest_settings
 from servelab.workload.compiler import compile_trace_files
 
 __all__ = ["capacity_step", "deploy_search", "measure_probe"]
@@ -34,13 +35,13 @@ def deploy_search(config: Mapping[str, Any], search: Search, folder: str | Path)
     dep = deployment_params(config, search)
     folder = Path(folder)
     kubernetes = manifest_settings(config)
-    campaign.render_manifests(
+    campaign_deploy.render_manifests(
         deployment=dep,
         namespace=kubernetes["namespace"],
         kubernetes=kubernetes,
         manifest_path=str(folder / "manifest.yaml"),
     )
-    return campaign.deploy(
+    return campaign_deploy.deploy(
         deployment=dep,
         backend=config["backend"],
         gpu=config["gpu"],
@@ -86,7 +87,7 @@ def measure_probe(
             trace_path=traces / "trace.parquet",
             manifest_path=traces / "manifest.json",
         )
-        campaign.execute_run(
+        campaign_blocks.execute_run(
             settings={
                 "backend": config["backend"],
                 "arm": search.arm,

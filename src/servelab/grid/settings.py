@@ -297,7 +297,7 @@ class PlatformSettings:
 @dataclass(frozen=True)
 class SimSettings(_ConfigSection):
     """The config's `sim:` section: what only the simulator reads. It defines a simulated
-    measurement, and only on the sim backend (servelab.identity.run_identity)."""
+    measurement, and only on the sim backend (servelab.grid.identity.run_identity)."""
 
     config_key: ClassVar[str] = "sim"
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servelab.config import add_config_arguments
+from servelab.grid.config import add_config_arguments
 
 __all__ = ["register"]
 
@@ -49,8 +49,8 @@ def register(subparsers: Any) -> None:
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    from servelab.bundle import write_bundle
-    from servelab.config import load_config
+    from servelab.bundle.archive import write_bundle
+    from servelab.grid.config import load_config
 
     out = write_bundle(args.results, load_config(args.config, args.configfile), args.out)
     print(f"bundle written: {out} ({out.stat().st_size} bytes)")
@@ -58,7 +58,7 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from servelab.bundle import BundleError, verify_bundle
+    from servelab.bundle.archive import BundleError, verify_bundle
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:

@@ -1,6 +1,8 @@
 """Artifact schemas, atomic writers and validating readers (docs/architecture.md, "Artifacts").
 
-Everything that writes or reads a run goes through this module, so the schemas live in one place.
+Everything that writes or reads a run goes through this package, so the schemas live in one place.
+Beside the schemas, writers and readers (here): `runrecord` builds a run's `run.json` record from
+its requests table, for every backend; `provenance` is the version and git commit it records.
 Every writer puts its bytes under a temporary name in the destination folder and renames it into
 place: a killed process never leaves a half-written file under a final name.
 """

@@ -8,16 +8,10 @@ import sys
 from typing import Any
 
 from servelab.artifacts import write_text
-from servelab.campaign_status import (
-    TARGETS,
-    campaign_status,
-    format_plan,
-    format_status,
-    plan_campaign,
-    redo_runs,
-    status_csv,
-)
-from servelab.config import add_config_arguments, load_config
+from servelab.campaign.plan import TARGETS, format_plan, plan_campaign
+from servelab.campaign.redo import redo_runs
+from servelab.campaign.status import campaign_status, format_status, status_csv
+from servelab.grid.config import add_config_arguments, load_config
 
 __all__ = ["register"]
 

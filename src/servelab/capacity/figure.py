@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from servelab.artifacts import atomic_path
-from servelab.capacity import bracket_of
+from servelab.capacity.method import bracket_of
 
 __all__ = ["draw_capacity"]
 

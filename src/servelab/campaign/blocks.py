@@ -1,4 +1,4 @@
-"""Campaign semantics (study §5.4): deploy and gate, run with retries, discard on reclamation.
+"""Campaign blocks (study §5.4): run with retries, discard on reclamation, seal and publish.
 
 The Snakemake rules call these functions once per deployment and once per block: every repetition
 of one (arm, engine, condition), the unit of work (docs/campaigns.md). What differs between
@@ -10,7 +10,7 @@ under `<run>/attempts/attempt-N/`. A run that still fails is recorded (status `f
 campaign goes on. When the node under a run is reclaimed, every repetition of the block is moved
 under `results/discarded/` with a reason file and measured again, by the same job.
 
-Each run's measurement is sealed in `<run>/measured/` under its key (servelab.identity: the
+Each run's measurement is sealed in `<run>/measured/` under its key (servelab.grid.identity: the
 identity settings alone); a job finding a sealed measurement of the same key publishes it instead
 of measuring again. One of another key is moved aside to `results/superseded/` (real engines) or
 dropped (the simulator) before the run is measured again.
@@ -18,7 +18,6 @@ dropped (the simulator) before the run is measured again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -44,97 +43,23 @@ from servelab.artifacts import (
     write_parquet,
     write_text,
 )
+from servelab.artifacts.runrecord import build_run_record
 from servelab.deploy import Backend, RunRequest, get_backend
-from servelab.deploy.kubernetes import KubernetesBackend
-from servelab.deploy.manifests import render_deployment
-from servelab.engines import check_resolved, parse_startup_log
-from servelab.identity import (
+from servelab.grid.identity import (
     deployment_identity,
     measurement_key,
     operational_settings,
     run_identity,
 )
-from servelab.runrecord import build_run_record
-from servelab.settings import Settings
+from servelab.grid.settings import Settings
 
-__all__ = ["BlockPaths", "RunPaths", "deploy", "execute_block", "execute_run", "render_manifests"]
+__all__ = ["BlockPaths", "RunPaths", "execute_block", "execute_run"]
 
 log = logging.getLogger(__name__)
 
 # Resolved-configuration fields copied from resolved.json into each run record.
 RESOLVED_EXTRAS = ("prefix_caching", "context_len", "schedule_policy", "version")
 MAX_RECLAMATIONS = 3
-
-
-def render_manifests(
-    *,
-    deployment: Mapping[str, Any],
-    namespace: str,
-    kubernetes: Mapping[str, Any],
-    manifest_path: str,
-) -> None:
-    """Render the deployment's Kubernetes objects (for every backend: shows what would be deployed).
-    An engine with no image (one the local backend builds) has nothing to deploy: the file says so."""
-    if deployment.get("image") is None:
-        write_text(
-            manifest_path,
-            f"# engines.{deployment['engine']} has no image pinned by digest: this deployment runs "
-            "on the local backend only, so there are no Kubernetes objects to render.\n",
-        )
-        return
-    rendered = render_deployment(
-        deployment_id=deployment["deployment_id"],
-        engine=deployment["engine"],
-        image=deployment["image"],
-        port=deployment["port"],
-        flags=list(deployment["flags"]),
-        namespace=namespace,
-        k8s_settings=kubernetes,
-    )
-    documents = [rendered[name].strip() + "\n" for name in sorted(rendered)]
-    write_text(manifest_path, "---\n".join(documents))
-
-
-def deploy(
-    *,
-    deployment: Mapping[str, Any],
-    backend: str,
-    gpu: Mapping[str, Any],
-    model: Mapping[str, Any],
-    kubernetes: Mapping[str, Any],
-    manifest_path: str,
-    startup_log_path: str,
-    resolved_path: str,
-) -> dict[str, Any]:
-    """Bring the engine up, parse its start-up log and refuse a configuration the arm does not expect.
-
-    The start-up log is kept whatever the outcome; `resolved.json` is written only when the gate
-    passes, so no run of a refused deployment is measured.
-    """
-    impl = get_backend(backend, gpu=gpu, model=model, kubernetes=kubernetes)
-    impl.deploy(deployment, manifest_path=manifest_path, startup_log_path=startup_log_path)
-    if backend != "sim":
-        # A real engine's start-up log is a measurement too: every one is kept (a forced
-        # redeployment replaces the declared startup.log, never this copy).
-        archive = next_generation_dir(Path(startup_log_path).parent / "startups")
-        os.link(startup_log_path, archive / "startup.log")
-    text = Path(startup_log_path).read_text(encoding="utf-8", errors="replace")
-    parsed = parse_startup_log(text, engine=deployment["engine"])
-    check_resolved(
-        parsed,
-        expect_chunked_prefill=deployment["expect_chunked_prefill"],
-        expect_chunk_size=deployment["expect_chunk_size"],
-    )
-    resolved = json.loads(parsed.to_json())
-    resolved.update(deployment_id=deployment["deployment_id"], backend=backend)
-    write_json(resolved_path, resolved)
-    log.info(
-        "deployment %s confirmed: chunked_prefill=%s chunk_size=%s",
-        deployment["deployment_id"],
-        parsed.chunked_prefill,
-        parsed.chunk_size,
-    )
-    return resolved
 
 
 @dataclass(frozen=True)
@@ -203,9 +128,9 @@ def execute_block(
     """Measure every repetition of one (arm, engine, condition) block; returns the block record
     (written to `block_json_path`, beside the repetitions).
 
-    `identity` is what the run rule's params carry: `deployment` (servelab.identity's
+    `identity` is what the run rule's params carry: `deployment` (servelab.grid.identity's
     deployment_identity), `run` (run_identity without the rep) and `reps`; `operational` the
-    operational settings (servelab.identity.operational_settings), read at run time; `faults` the
+    operational settings (servelab.grid.identity.operational_settings), read at run time; `faults` the
     injected faults of the config (each names its run). `traces[i]`/`manifests[i]` belong to
     `reps[i]`. A reclamation discards the block's repetitions (kept, with the reason) and measures
     them all again on the new node, within this job.
@@ -305,7 +230,7 @@ def execute_run(
 
 
 def _settings(identity: Mapping[str, Any], operational: Mapping[str, Any]) -> dict[str, Any]:
-    """The config-like mapping the backends and servelab.settings read: identity and operational
+    """The config-like mapping the backends and servelab.grid.settings read: identity and operational
     keys of each section merged back together."""
     run = identity["run"]
     out: dict[str, Any] = {k: run[k] for k in ("backend", "gpu", "model")}
@@ -398,7 +323,7 @@ class _Campaign:
     """What every attempt of every run of one block shares: the backend, settings and deployment.
 
     `settings` is the config-like mapping of the block's identity and operational settings;
-    `typed` holds its sections as servelab.settings reads them.
+    `typed` holds its sections as servelab.grid.settings reads them.
     """
 
     impl: Backend
@@ -640,22 +565,3 @@ def _discard_block(
     )
     write_text(target / "REASON.txt", f"{reason}\ninterrupted run: {interrupted.run_id}\n")
     return target.name
-
-
-def restart_experiment(
-    *,
-    deployment: Mapping[str, Any],
-    backend: str,
-    kubernetes: Mapping[str, Any],
-    rep: str,
-    manifest_path: str,
-    record_path: str,
-) -> dict[str, Any]:
-    """Restart the engine's pod once and record the event timeline (study §7.5, Fig. 14)."""
-    if backend != "kubernetes":
-        raise ValueError(
-            f"the restart experiment restarts real pods: backend {backend!r} has none "
-            "(run it with --config backend=kubernetes)"
-        )
-    impl = KubernetesBackend.from_settings(kubernetes)
-    return impl.restart_timeline(deployment["deployment_id"], manifest_path, record_path, rep=rep)

@@ -5,7 +5,7 @@ A *search* is one (arm, engine, shape); a *shape* is a condition without its rat
 the arrival CV is the workload's). A *probe* measures one rate: its trace is seeded from (shape,
 rate, rep) like any condition's (`probe_condition`), so every engine and arm probing that rate
 replays the same traces, and each repetition goes through the campaign's own deployment, gate and
-success check (`servelab.campaign.deploy` / `execute_run`). A probe **passes** when every
+success check (`servelab.campaign.deploy.deploy` / `execute_run`). A probe **passes** when every
 repetition keeps pace (X >= keeps_pace · Λ, Λ the trace's own requests ÷ its duration) and meets
 every percentile limit of the criteria (`analysis.slo.run_metrics_row`).
 
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
-from servelab.config import Condition, ConfigError, deployment_for, deployment_record
-from servelab.identity import deployment_identity, run_identity
+from servelab.grid.config import Condition, ConfigError, deployment_for, deployment_record
+from servelab.grid.identity import deployment_identity, run_identity
 
 __all__ = [
     "CapacitySettings",

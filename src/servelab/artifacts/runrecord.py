@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from servelab.provenance import git_commit, servelab_version
+from servelab.artifacts.provenance import git_commit, servelab_version
 
 __all__ = ["build_run_record", "lag_stats", "run_status"]
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from servelab.engines.base import CONFIG_FIELDS
-from servelab.settings import (
+from servelab.grid.settings import (
     CampaignSettings,
     DispatchSettings,
     KubernetesSettings,
