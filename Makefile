@@ -83,12 +83,15 @@ test-fast: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/python benchmarks/figures.py
 
-# What CI checks before the tests: lint and formatting of the Python code, then of the workflow.
+# What CI checks before the tests: lint, import contracts, types and formatting of the Python code,
+# then of the workflow.
 LINT_PATHS := src tests workflow benchmarks
 SNAKE_PATHS := Snakefile workflow/rules
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/snakefmt --check $(SNAKE_PATHS)
 	$(BIN)/snakemake --lint

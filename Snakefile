@@ -1,5 +1,9 @@
 # servelab: controlled comparisons of LLM serving engines.
 # Thin on purpose: configuration, validation, includes and targets. Logic lives in src/servelab.
+from snakemake.utils import min_version
+
+# The oldest Snakemake the workflow is tested with: pyproject.toml pins snakemake>=9.18,<10.
+min_version("9.18")
 
 
 configfile: "config/config.yaml"

@@ -16,9 +16,10 @@ Prints
    offered rate (servelab's keeps_pace), with X counted over the arrival window shifted by the
    median E2E; servelab's own X / offered is printed beside it.
 
-One llama-server per part, each on a free port and stopped by its PID. The server flags are those of
-the cross-check (`--ctx-size 8192 --parallel 4`: four slots of 2048 tokens), measured twice: with
-llama-server's default thread count (the machine's cores) and with `--threads 1` (`VARIANTS`).
+One llama-server per part, each on a free port and stopped by its PID, then its process group
+(`servelab.deploy.llama_server.LlamaServerProcess`). The server flags are those of the cross-check
+(`--ctx-size 8192 --parallel 4`: four slots of 2048 tokens), measured twice: with llama-server's
+default thread count (the machine's cores) and with `--threads 1` (`VARIANTS`).
 
 The helpers here (`LlamaServer`, `machine`, `warm_up`) are imported by peer_crosscheck.py.
 """
@@ -30,12 +31,10 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,8 @@ import numpy as np
 from servelab.analysis.reduce import reduce_requests, run_metrics
 from servelab.deploy.llama_server import (
     LLAMA_CPP_PYTHON_VERSION,
+    LlamaServerProcess,
     llama_server_binary,
-    server_command,
 )
 from servelab.deploy.tiny_model import ensure_tiny_model
 from servelab.dispatch.client import Dispatcher, pool_size
@@ -63,14 +62,10 @@ KEEPS_PACE = 0.97  # servelab's keeps_pace margin (X >= 0.97 x offered, docs/ana
 PREFILL_LENGTHS = (128, 256, 512, 1024, 1536)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LlamaServer:
-    """One llama-server process on a free port: started, waited for (bounded), stopped by its PID."""
+class LlamaServer(LlamaServerProcess):
+    """One llama-server process on a free port: started, waited for (bounded), stopped by its PID
+    (`servelab.deploy.llama_server.LlamaServerProcess`), with these benchmarks' flags, the tiny
+    model and a log of its own by default."""
 
     def __init__(
         self,
@@ -81,50 +76,14 @@ class LlamaServer:
         binary = llama_server_binary()
         if binary is None:
             sys.exit("no llama-server binary: run tools/build-llama-server.sh first")
-        self.binary = binary
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = server_command(
+        super().__init__(
             binary,
             model_path=model_path or ensure_tiny_model(),
             flags=flags,
-            host="127.0.0.1",
-            port=self.port,
+            log_path=log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1]),
+            start_timeout_s=START_TIMEOUT_S,
+            stop_timeout_s=STOP_TIMEOUT_S,
         )
-        self.log_path = log_path or Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> LlamaServer:
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server exited {self.proc.returncode}; see {self.log_path}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(
-            f"llama-server not healthy within {START_TIMEOUT_S:g} s; see {self.log_path}"
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()  # this PID only
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(STOP_TIMEOUT_S)
 
 
 def machine() -> dict[str, Any]:

@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp_engine import LlamaServer, machine
 
-from servelab.deploy.local import pinned
+from servelab.deploy.processes import pinned
 
 FLAGS = ("--ctx-size", "8192", "--parallel", "4", "--threads", "1")
 PROBE_REQUESTS = 9

@@ -59,6 +59,7 @@ from servelab.analysis.reduce import reduce_requests
 from servelab.artifacts import REQUESTS_SCHEMA, write_parquet
 from servelab.dispatch.client import Dispatcher, pool_size
 from servelab.dispatch.run import requests_table, served_model, tokenizer_counter
+from servelab.grid.config import Condition
 from servelab.workload import compile_trace_files, load_trace
 from servelab.workload.export import export_trace_files, flattened_send_times
 from servelab.workload.release import TraceRequest
@@ -94,13 +95,16 @@ def tokenizer_dir(folder: Path) -> Path:
 def compile_and_export(out: Path, args: argparse.Namespace) -> tuple[Any, Path]:
     trace_dir = out / "trace"
     compile_trace_files(
-        condition="crosscheck",
+        condition=Condition(
+            id="crosscheck",
+            sweep="rate",
+            rate=args.rate,
+            sharing=args.sharing,
+            prompt_tokens=args.prompt_tokens,
+            duration_s=args.duration,
+        ),
         rep="rep1",
         seed=TRACE_SEED,
-        rate=args.rate,
-        sharing=args.sharing,
-        prompt_tokens=args.prompt_tokens,
-        duration_s=args.duration,
         workload={
             "arrival_cv": 1.5,
             "workers_per_graph": 4,

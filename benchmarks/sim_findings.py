@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_calibrate import simulate
 
-from servelab.grid.config import conditions, load_config, trace_seed
+from servelab.grid.config import Condition, conditions, load_config, trace_seed
 from servelab.sim.cost import DEFAULT_CALIBRATION
 
 REPS = ("rep1", "rep2", "rep3")
@@ -120,13 +120,16 @@ def main(argv: list[str] | None = None) -> int:
                 from servelab.workload import compile_trace_files
 
                 compile_trace_files(
-                    condition=folder,
+                    condition=Condition(
+                        id=folder,
+                        sweep="rate",
+                        rate=c0.rate,
+                        sharing=c0.sharing,
+                        prompt_tokens=c0.prompt_tokens,
+                        duration_s=float(dur),
+                    ),
                     rep="rep1",
                     seed=trace_seed(int(cfg["campaign_seed"]), "rate-0.28", "rep1"),
-                    rate=c0.rate,
-                    sharing=c0.sharing,
-                    prompt_tokens=c0.prompt_tokens,
-                    duration_s=float(dur),
                     workload=cfg["workload"],
                     tokenizer=cfg["tokenizer"],
                     trace_path=d / "trace.parquet",

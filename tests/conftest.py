@@ -86,7 +86,7 @@ SYSTEM_TIERS = (
         program="prometheus",
         install="apt-get install prometheus (Debian/Ubuntu), "
         "or set SERVELAB_PROMETHEUS=/path/to/prometheus",
-        lookup="servelab.deploy.local:prometheus_binary",
+        lookup="servelab.deploy.local_prometheus:prometheus_binary",
         fixture="prometheus_program",
     ),
     SystemTier(

@@ -13,30 +13,23 @@ times of the evidence lines masked: `servelab.engines.llamacpp.mask_timestamps`)
 METRICS_FROM run it sends two identical completion requests (the second reuses the cached
 prompt) and saves GET /metrics as `tests/data/engine-logs/llamacpp-0c1e570-metrics-01.txt`.
 
-Every server it starts is stopped by its PID (SIGTERM, then SIGKILL after a bounded wait).
+Every server it starts (`servelab.deploy.llama_server.LlamaServerProcess`) is stopped by its PID
+(SIGTERM, then SIGKILL after a bounded wait), then its process group. What the three capture tools
+share is in tools/capture_common.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-from servelab.deploy.llama_server import llama_server_binary, server_command
+from capture_common import LOGS, REPO, Engine, main, save_golden, save_startup
+
+from servelab.deploy.llama_server import LlamaServerProcess, llama_server_binary
 from servelab.deploy.tiny_model import TinyModelSpec, ensure_tiny_model
 from servelab.engines import llamacpp
-from servelab.engines.logparse import parse_startup_log
 
-REPO = Path(__file__).resolve().parents[1]
-LOGS = REPO / "tests" / "data" / "engine-logs"
 GOLDEN = REPO / "tests" / "golden" / "llamacpp"
 BUILD = llamacpp.PRINTED_VERSION
 
@@ -56,30 +49,19 @@ FAILED_CAPTURES: dict[str, list[str]] = {"0c1e570-lv3-missing-model": []}
 MISSING_MODEL = "/nonexistent/model.gguf"
 METRICS_FROM = "0c1e570-lv4-defaults"
 METRICS_FILE = "llamacpp-0c1e570-metrics-01.txt"
+MISSING = "capture_llamacpp_logs: no llama-server binary (make llama-server)"
 START_TIMEOUT_S = 60.0
-REQUEST_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(proc: subprocess.Popen[bytes], stderr_path: Path, name: str) -> list[str]:
-    """The stderr lines up to and including the readiness line (bounded by START_TIMEOUT_S)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        lines = stderr_path.read_text(encoding="utf-8", errors="replace").splitlines(True)
-        for i, line in enumerate(lines):
-            if llamacpp.READY.search(line):
-                return lines[: i + 1]
-        if proc.poll() is not None:
-            tail = "".join(lines[-5:])
-            raise RuntimeError(f"{name}: llama-server exited with {proc.returncode}:\n{tail}")
-        time.sleep(0.2)
-    raise RuntimeError(f"{name}: llama-server not ready within {START_TIMEOUT_S:.0f} s")
+ENGINE = Engine(
+    title="llama-server",
+    ready=llamacpp.READY,
+    start_timeout_s=START_TIMEOUT_S,
+    poll_s=0.2,
+    tail_lines=5,
+    tool="tools/capture_llamacpp_logs.py",
+    metrics_of=f"llama-server build {BUILD}",
+    metrics_prompt="The quick brown fox jumps over the lazy dog. " * 4,
+)
 
 
 def wait_exit(proc: subprocess.Popen[bytes], stderr_path: Path, name: str) -> list[str]:
@@ -94,35 +76,6 @@ def wait_exit(proc: subprocess.Popen[bytes], stderr_path: Path, name: str) -> li
     if any(llamacpp.READY.search(line) for line in lines):
         raise RuntimeError(f"{name}: llama-server became ready; expected a failed start-up")
     return lines
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server this script started, by its PID."""
-    if proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=STOP_TIMEOUT_S)
-
-
-def post_completion(port: int, prompt: str) -> dict[str, object]:
-    body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-        return dict(json.loads(response.read()))
-
-
-def get_metrics(port: int) -> str:
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response:
-        return str(response.read().decode("utf-8"))
 
 
 def source_line(flags: list[str], *, failed: bool) -> str:
@@ -144,64 +97,44 @@ def source_line(flags: list[str], *, failed: bool) -> str:
     )
 
 
-def capture(binary: str, model: Path, name: str, flags: list[str], *, failed: bool = False) -> None:
-    port = free_port()
-    command = server_command(binary, model_path=model, flags=flags, host="127.0.0.1", port=port)
+def capture(binary: str, name: str) -> None:
+    failed = name in FAILED_CAPTURES
+    flags = FAILED_CAPTURES[name] if failed else CAPTURES[name]
     with tempfile.TemporaryDirectory(prefix="capture-llamacpp-") as tmp:
         stderr_path = Path(tmp) / "stderr.txt"
-        with stderr_path.open("wb") as err:
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        server = LlamaServerProcess(
+            binary,
+            model_path=MISSING_MODEL if failed else ensure_tiny_model(),
+            flags=flags,
+            log_path=stderr_path,
+            stop_timeout_s=STOP_TIMEOUT_S,
+            stdout_to_log=False,  # the log is its stderr
+        )
+        proc = server.start()
         try:
+            log_path = LOGS / f"llamacpp-{name}.log"
+            source = source_line(flags, failed=failed)
             if failed:
-                lines = wait_exit(proc, stderr_path, name)
+                log_text = source + "".join(wait_exit(proc, stderr_path, name))
+                log_path.write_text(log_text, encoding="utf-8")
             else:
-                lines = wait_ready(proc, stderr_path, name)
-            log_text = source_line(flags, failed=failed) + "".join(lines)
-            (LOGS / f"llamacpp-{name}.log").write_text(log_text, encoding="utf-8")
-            if name == METRICS_FROM:
-                prompt = "The quick brown fox jumps over the lazy dog. " * 4
-                first = post_completion(port, prompt)
-                second = post_completion(port, prompt)
-                metrics = get_metrics(port)
-                header = (
-                    f"# source: GET /metrics of llama-server build {BUILD} captured by "
-                    "tools/capture_llamacpp_logs.py after two identical /v1/completions "
-                    f"requests (max_tokens 8; their usages: "
-                    f"{json.dumps([first.get('usage'), second.get('usage')])}); "
-                    f"flags: {' '.join(flags)}; unchanged below\n"
+                log_text = save_startup(
+                    proc,
+                    stderr_path,
+                    name,
+                    ENGINE,
+                    source=source,
+                    log_path=log_path,
+                    port=server.port,
+                    flags=flags,
+                    metrics_path=LOGS / METRICS_FILE if name == METRICS_FROM else None,
                 )
-                (LOGS / METRICS_FILE).write_text(header + metrics, encoding="utf-8")
         finally:
-            stop(proc)
-    parsed = parse_startup_log(log_text)
-    golden = json.dumps(llamacpp.mask_timestamps(parsed), sort_keys=True, indent=2)
-    (GOLDEN / f"{name}.json").write_text(golden + "\n", encoding="utf-8")
-    print(
-        f"{name}: ready={parsed.ready} chunked_prefill={parsed.chunked_prefill} "
-        f"chunk_size={parsed.chunk_size} context_len={parsed.context_len}"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    names = sorted([*CAPTURES, *FAILED_CAPTURES])
-    parser.add_argument("--only", nargs="*", choices=names, default=None)
-    args = parser.parse_args(argv)
-    binary = llama_server_binary()
-    if binary is None:
-        print("capture_llamacpp_logs: no llama-server binary (make llama-server)", file=sys.stderr)
-        return 2
-    model = ensure_tiny_model()
-    LOGS.mkdir(parents=True, exist_ok=True)
-    GOLDEN.mkdir(parents=True, exist_ok=True)
-    for name, flags in CAPTURES.items():
-        if args.only is None or name in args.only:
-            capture(binary, Path(model), name, flags)
-    for name, flags in FAILED_CAPTURES.items():
-        if args.only is None or name in args.only:
-            capture(binary, Path(MISSING_MODEL), name, flags, failed=True)
-    return 0
+            server.stop()
+    save_golden(GOLDEN, name, log_text, to_dict=llamacpp.mask_timestamps)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(
+        main(__doc__, [*CAPTURES, *FAILED_CAPTURES], llama_server_binary, MISSING, capture)
+    )

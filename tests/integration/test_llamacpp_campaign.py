@@ -11,7 +11,6 @@ Needs the llama-server binary (`make llama-server`) and the prometheus binary; .
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from campaigns import Workdir, llamacpp_campaign
+from campaigns import TABLE5_METRICS, Workdir, llamacpp_campaign, table5_rows
 
 from servelab.engines import parse_startup_log
 
@@ -59,14 +58,8 @@ def _deployments(work: Path) -> dict[str, dict]:
 
 
 def test_the_campaign_ends_with_table5_as_the_arm_effect(campaign) -> None:
-    work = campaign
-    with (work / "results" / "table5.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
-    assert [(r["condition"], r["metric"]) for r in rows] == [
-        (CONDITION, "ttft_p50"),
-        (CONDITION, "ttft_p95"),
-        (CONDITION, "throughput"),
-    ]
+    rows = table5_rows(campaign)
+    assert [(r["condition"], r["metric"]) for r in rows] == [(CONDITION, m) for m in TABLE5_METRICS]
     for row in rows:
         assert row["engine"] == "llamacpp" and row["n"] == "2"
         defaults, matched, change = (float(row[k]) for k in ("defaults", "matched", "change"))

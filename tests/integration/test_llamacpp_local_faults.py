@@ -15,53 +15,28 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
-from snakemake.utils import update_config
+from campaigns import deploy_local, fault_config, local_results, run_killed_at
 
 from servelab.artifacts import read_run_json
-from servelab.campaign import blocks as campaign_blocks
-from servelab.campaign import deploy as campaign_deploy
-from servelab.deploy.local import LocalBackend, LocalError, stop_all
+from servelab.deploy.local import LocalBackend, LocalError
+from servelab.deploy.processes import alive
 from servelab.grid import config as grid
-from servelab.workload import compile_trace_files
 
 pytestmark = pytest.mark.usefixtures("llama_server_program", "prometheus_program")
 
-REPO = Path(__file__).resolve().parents[2]
 CONDITION = "rate-0.50"
 KILL_AT_S = 3.0
 
 
 @pytest.fixture(scope="module")
 def config() -> dict:
-    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    update_config(cfg, yaml.safe_load((REPO / "config" / "llamacpp.yaml").read_text()))
-    grid.drop_removed_engines(cfg)
-    cfg["campaign"].update(retries=0)
-    grid.validate_config(cfg)
-    return cfg
+    return fault_config("llamacpp.yaml")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory, config: dict) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("llamacpp-faults")
-    condition = config["conditions"][0]
-    out = root / "traces" / CONDITION / "rep1"
-    compile_trace_files(
-        condition=CONDITION,
-        rep="rep1",
-        seed=grid.trace_seed(config["campaign_seed"], CONDITION, "rep1"),
-        rate=condition["rate"],
-        sharing=condition["sharing"],
-        prompt_tokens=condition["prompt_tokens"],
-        duration_s=condition["duration_s"],
-        workload=config["workload"],
-        tokenizer=config["tokenizer"],
-        trace_path=out / "trace.parquet",
-        manifest_path=out / "manifest.json",
-    )
-    yield root
-    stop_all(root)
+    with local_results(tmp_path_factory.mktemp("llamacpp-faults"), config, CONDITION) as root:
+        yield root
 
 
 def _deployment(config: dict) -> dict:
@@ -80,48 +55,14 @@ def _deployment(config: dict) -> dict:
 
 def test_the_server_killed_mid_run_interrupts_the_run(results: Path, config: dict) -> None:
     dep = _deployment(config)
-    folder = results / "deployments" / dep["deployment_id"]
-    campaign_deploy.deploy(
-        deployment=dep,
-        backend="local",
-        gpu=config["gpu"],
-        model=config["model"],
-        kubernetes={},
-        manifest_path=str(results / "manifest.yaml"),
-        startup_log_path=str(folder / "startup.log"),
-        resolved_path=str(folder / "resolved.json"),
-    )
-    run_id = f"defaults/llamacpp/{CONDITION}/rep1"
-    traces = results / "traces" / CONDITION / "rep1"
-    campaign_blocks.execute_run(
-        settings={
-            "backend": "local",
-            "arm": "defaults",
-            "engine": "llamacpp",
-            "condition": CONDITION,
-            "rep": "rep1",
-            "offered_load_rps": 3.0,
-            "gpu": config["gpu"],
-            "model": config["model"],
-            "dispatch": config["dispatch"],
-            "campaign": config["campaign"],
-            "telemetry": config["telemetry"],
-            "faults": [{"run": run_id, "kind": "fail", "at_s": KILL_AT_S}],
-            "kubernetes": {},
-        },
-        deployment=dep,
-        results_dir=str(results),
-        trace_path=str(traces / "trace.parquet"),
-        manifest_path=str(traces / "manifest.json"),
-        resolved_path=str(folder / "resolved.json"),
-    )
-    run_dir = results / "runs" / run_id
+    deploy_local(results, config, dep)
+    run_dir = run_killed_at(results, config, dep, CONDITION, KILL_AT_S)
     record = read_run_json(run_dir / "run.json")
     assert record["status"] == "interrupted"
     assert "server process (pid" in record["interrupted_reason"]
     assert "exited during the run" in record["interrupted_reason"]
     requests = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    trace_rows = pq.read_table(traces / "trace.parquet").num_rows
+    trace_rows = pq.read_table(results / "traces" / CONDITION / "rep1" / "trace.parquet").num_rows
     measured = [r for r in requests if not r["warmup"]]
     assert len(measured) == trace_rows  # nothing lost: sent or not, every request has its row
     ok = [r for r in measured if r["status"] == "ok"]
@@ -163,6 +104,6 @@ def test_a_measured_start_unlike_its_start_up_probe_is_refused(
         backend.deploy(dep, manifest_path="", startup_log_path=str(folder / "startup.log"))
     assert str(folder / "server-startup.log") in str(refused.value)
     state = json.loads((folder / "local.json").read_text())
-    assert not Path(f"/proc/{state['pid']}").exists() or not local._alive(
+    assert not Path(f"/proc/{state['pid']}").exists() or not alive(
         state["pid"], local._server_marker(state)
     )

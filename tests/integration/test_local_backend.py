@@ -22,10 +22,12 @@ from servelab.artifacts import read_parquet, read_run_json
 from servelab.campaign import blocks as campaign_blocks
 from servelab.campaign import deploy as campaign_deploy
 from servelab.deploy import RunRequest
-from servelab.deploy.local import LocalBackend, _alive, _read_state, stop_all
+from servelab.deploy.local import LocalBackend, stop_all
+from servelab.deploy.processes import alive, read_state
 from servelab.engines.metrics import canonical_metrics
 from servelab.grid import config as grid
 from servelab.grid import identity
+from servelab.grid.config import Condition
 from servelab.grid.settings import DispatchSettings, TelemetrySettings
 from servelab.telemetry import canonicalize_files
 from servelab.workload import compile_trace_files
@@ -57,13 +59,16 @@ def compile_traces(
     for rep, duration in durations.items():
         out = root / "traces" / CONDITION / rep
         compile_trace_files(
-            condition=CONDITION,
+            condition=Condition(
+                id=CONDITION,
+                sweep="rate",
+                rate=0.5,
+                sharing=0.9,
+                prompt_tokens=512,
+                duration_s=duration,
+            ),
             rep=rep,
             seed=grid.trace_seed(1, CONDITION, rep),
-            rate=0.5,
-            sharing=0.9,
-            prompt_tokens=512,
-            duration_s=duration,
             workload=workload,
             tokenizer=study["tokenizer"],
             trace_path=out / "trace.parquet",
@@ -80,11 +85,11 @@ def results(tmp_path_factory: pytest.TempPathFactory, study: dict) -> Iterator[P
     leftovers = [
         p
         for p in root.glob("deployments/*/local.json")
-        if _alive(_read_state(p)["pid"], _read_state(p)["instance_id"])
+        if alive(read_state(p)["pid"], read_state(p)["instance_id"])
     ]
-    prom = _read_state(root / "deployments" / "_prometheus" / "prometheus.json")
+    prom = read_state(root / "deployments" / "_prometheus" / "prometheus.json")
     assert not leftovers, leftovers
-    assert prom is None or not _alive(prom["pid"], "prometheus.yml")
+    assert prom is None or not alive(prom["pid"], "prometheus.yml")
 
 
 def deployment(study: dict, engine: str) -> dict:
@@ -105,10 +110,7 @@ def deploy(root: Path, study: dict, engine: str, backend: str) -> dict:
     dep = deployment(study, engine)
     folder = root / "deployments" / dep["deployment_id"]
     return campaign_deploy.deploy(
-        deployment=dep,
-        backend=backend,
-        gpu=study["gpu"],
-        model=study["model"],
+        identity={"backend": backend, "gpu": study["gpu"], "model": study["model"], **dep},
         kubernetes={},
         manifest_path=str(root / "unused.yaml"),
         startup_log_path=str(folder / "startup.log"),
@@ -310,7 +312,7 @@ def test_a_reclaimed_block_is_discarded_and_repeated_touching_nothing_else(
     assert not [
         p
         for p in root.glob("deployments/*/local.json")
-        if _alive(_read_state(p)["pid"], _read_state(p)["instance_id"])
+        if alive(read_state(p)["pid"], read_state(p)["instance_id"])
     ]
     after = _files(root)
     assert {k: after.get(k) for k in before} == before

@@ -29,7 +29,10 @@ from typing import Any
 import pytest
 from campaigns import Workdir, study_config
 
-from servelab.deploy.local import PROMETHEUS_DIR, _alive, _read_state, _server_marker
+from servelab.deploy.local import _server_marker
+from servelab.deploy.local_prometheus import PROMETHEUS_DIR
+from servelab.deploy.processes import alive as process_alive
+from servelab.deploy.processes import read_state
 
 BIN = Path(sys.executable).parent
 WAIT_S = 300
@@ -71,11 +74,11 @@ def started_processes(results: Path) -> list[tuple[str, int, str]]:
     """(state file, pid, marker) of every process the backend recorded under `results`."""
     found = []
     for state_path in sorted(results.rglob("local.json")):
-        state = _read_state(state_path)
+        state = read_state(state_path)
         if state and state.get("pid"):
             found.append((str(state_path), int(state["pid"]), _server_marker(state)))
     for state_path in sorted(results.rglob(f"{PROMETHEUS_DIR}/prometheus.json")):
-        state = _read_state(state_path)
+        state = read_state(state_path)
         config_path = str((state_path.parent / "prometheus.yml").resolve())
         if state and state.get("pid"):
             found.append((str(state_path), int(state["pid"]), config_path))
@@ -83,7 +86,7 @@ def started_processes(results: Path) -> list[tuple[str, int, str]]:
 
 
 def alive(results: Path) -> list[tuple[str, int, str]]:
-    return [entry for entry in started_processes(results) if _alive(entry[1], entry[2])]
+    return [entry for entry in started_processes(results) if process_alive(entry[1], entry[2])]
 
 
 def start(work: Workdir, *targets: str) -> subprocess.Popen[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servelab.campaign.deploy import confirm
 from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_deployment, resolve_settings, write_rendered
 from servelab.grid.config import deployment_for, runs
@@ -59,7 +60,7 @@ def test_api_server_admits_every_rendered_manifest(
             continue
         seen.add(d.id)
         _, rendered = _render(study, live_settings, run.arm, run.engine, run.condition, tmp_path)
-        lines = backend.apply(rendered, dry_run=True)
+        lines = backend.cluster.apply(rendered, dry_run=True)
         assert all(
             line.endswith("(dry run)") or "kept" in line or "skipped" in line for line in lines
         ), lines
@@ -74,14 +75,12 @@ def test_engine_deploys_passes_the_gate_and_tears_down(
     backend = KubernetesBackend.from_settings(settings)
     deployment, rendered = _render(study, deploy_settings, "matched", "vllm", "rate-0.28", tmp_path)
     try:
-        record = backend.deploy(
-            deployment,
-            manifest_path=rendered,
-            startup_log_path=tmp_path / "startup.log",
-            resolved_json_path=tmp_path / "resolved.json",
+        deployed = backend.deploy(
+            deployment, manifest_path=rendered, startup_log_path=tmp_path / "startup.log"
         )
+        record = confirm(deployment, deployed)
         assert (record["chunked_prefill"], record["chunk_size"]) == (True, 2048)
-        assert record["node"]["accelerator"] == "nvidia-l4"
+        assert deployed.facts["node"]["accelerator"] == "nvidia-l4"
         start = backend.node_identity(deployment["deployment_id"])
         assert start["uid"] and start["provider_id"]
         restart = backend.restart_timeline(

@@ -31,9 +31,11 @@ from servelab.analysis.synthetic import (
 from servelab.analysis.verify import verify
 from servelab.artifacts import ArtifactError
 from servelab.cli import main as servelab_main
-from servelab.grid.config import load_config
+from servelab.grid.config import Condition, load_config
 
 REPO = Path(__file__).resolve().parents[2]
+# The condition of the fluid-model manifests below (the study's rate-0.28).
+RATE_028 = Condition("rate-0.28", "rate", 0.28, 0.9, 4096, 600.0)
 
 
 def _restart(path: Path, engine: str, rep: str, terminate: float, ready: float) -> Path:
@@ -189,8 +191,7 @@ def test_fluid_model_eligibility_and_prediction(tmp_path: Path) -> None:
         *_pair(tmp_path, "rep3", 0.995 * 0.05, 0.05, offered, 3),  # δ 0.5%: not behind
     ]
     manifests = [
-        write_manifest(tmp_path / f"m{k}.json", condition="rate-0.28", rep=f"rep{k}", seed=k,
-                       rate=0.28, sharing=0.9, prompt_tokens=4096, duration_s=600.0)
+        write_manifest(tmp_path / f"m{k}.json", condition=RATE_028, rep=f"rep{k}", seed=k)
         for k in (1, 2, 3)
     ]  # fmt: skip
     an = build_analysis(dirs, manifests=manifests)
@@ -206,8 +207,7 @@ def test_fluid_model_eligibility_and_prediction(tmp_path: Path) -> None:
 
     with pytest.raises(ArtifactError, match=r"no trace manifest for rate-0.28/rep1.*matched/vllm"):
         _ = build_analysis(dirs, manifests=manifests[1:]).fluid_runs
-    bad = write_manifest(tmp_path / "bad.json", condition="rate-0.28", rep="rep1", seed=77, rate=0.28,
-                         sharing=0.9, prompt_tokens=4096, duration_s=600.0)  # fmt: skip
+    bad = write_manifest(tmp_path / "bad.json", condition=RATE_028, rep="rep1", seed=77)
     with pytest.raises(ArtifactError, match=r"bad\.json: seed 77 differs"):
         _ = build_analysis(dirs, manifests=[bad, *manifests[1:]]).fluid_runs
 

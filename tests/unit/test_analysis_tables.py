@@ -18,6 +18,7 @@ from servelab.analysis import (
 )
 from servelab.analysis.synthetic import RunSpec, write_simple_run
 from servelab.analysis.tables import TABLE5_COLUMNS
+from servelab.grid.settings import AnalysisSettings
 
 REPS = ("rep1", "rep2", "rep3")
 CONDS = ("rate-0.12", "rate-0.28", "length-8192")
@@ -108,7 +109,7 @@ def _expected_gap(num: list[float], den: list[float]) -> dict[str, float]:
 
 
 def test_table5_columns_rows_and_values(full: list[Path], tmp_path: Path) -> None:
-    out = write_table(5, full, tmp_path / "table5.csv", phi_guard=1.1)
+    out = write_table(5, full, tmp_path / "table5.csv", settings=AnalysisSettings(phi_guard=1.1))
     text = out.read_text()
     assert text.splitlines()[0] == ",".join(TABLE5_COLUMNS)
     rows = _rows(out)

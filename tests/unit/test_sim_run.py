@@ -18,7 +18,7 @@ from servelab.artifacts import (
     read_run_json,
 )
 from servelab.engines import METRIC_MAP, parse_startup_log
-from servelab.grid.config import arm_conditions, deployment_for
+from servelab.grid.config import Condition, arm_conditions, deployment_for
 from servelab.sim.run import sim_deploy, sim_platform, simulate_run_files
 from servelab.workload import compile_trace_files
 
@@ -29,13 +29,16 @@ CONDITION, REP = "rate-0.28", "rep1"  # a small stand-in trace under the grid's 
 def small_trace(tmp_path_factory: pytest.TempPathFactory, _study_config: dict) -> Path:
     out = tmp_path_factory.mktemp("trace")
     compile_trace_files(
-        condition=CONDITION,
+        condition=Condition(
+            id=CONDITION,
+            sweep="rate",
+            rate=0.3,
+            sharing=0.9,
+            prompt_tokens=512,
+            duration_s=40.0,
+        ),
         rep=REP,
         seed=12345,
-        rate=0.3,
-        sharing=0.9,
-        prompt_tokens=512,
-        duration_s=40.0,
         workload=_study_config["workload"],
         tokenizer=_study_config["tokenizer"],
         trace_path=out / "trace.parquet",

@@ -15,7 +15,6 @@ import pytest
 from servelab.analysis.reduce import reduce_requests
 from servelab.analysis.slo import (
     METRIC_DEFINITIONS,
-    RequestSlo,
     goodput,
     meets_slo,
     run_metrics_row,
@@ -23,6 +22,7 @@ from servelab.analysis.slo import (
 )
 from servelab.analysis.synthetic import RunSpec, write_simple_run
 from servelab.artifacts import REQUESTS_SCHEMA
+from servelab.grid.settings import RequestSlo
 
 
 def _table(rows: list[dict]) -> pa.Table:

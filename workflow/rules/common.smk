@@ -51,6 +51,7 @@ FLOOR_BLOCKS = {block.id: block for block in grid.floor_blocks(config)}
 FLOOR_SHAPES = {block.shape.id: block.shape for block in FLOOR_BLOCKS.values()}
 FLOOR = grid.floor_settings(config)
 FLOOR_REPS = [f"rep{k}" for k in range(1, FLOOR["repetitions"] + 1)]
+FLOOR_DIR = "results/floor/{deployment}/runs/{arm}/{engine}/{floor}"
 
 
 wildcard_constraints:
@@ -110,22 +111,6 @@ def manifest_templates(wildcards):
     return [str(path) for path in manifests.template_files(engine)]
 
 
-def run_deployment_spec(wildcards):
-    return deployment_params(deployment_of(wildcards))
-
-
-def run_resolved_config(wildcards):
-    block_id = f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition}"
-    if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, REPS[0]):
-        raise ValueError(f"{block_id} is not a block of the configured grid")
-    return rules.deploy.output.resolved.format(deployment=deployment_of(wildcards).id)
-
-
-def run_priority(wildcards):
-    """Earlier deployments first; traces (priority 1000) before any run."""
-    return 100 - DEPLOYMENT_RANK[deployment_of(wildcards).id]
-
-
 # ----------------------------------------------------------------------------- runs
 
 
@@ -133,61 +118,114 @@ def is_run(arm, engine, condition, rep):
     return f"{arm}/{engine}/{condition}/{rep}" in RUN_IDS
 
 
+# A block is every repetition of one unit of work, measured by one job (servelab.campaign.blocks):
+# the campaign's (arm, engine, condition) under results/runs/, or a deployment's unloaded floor on
+# one request shape under results/floor/{deployment}/runs/ (FLOOR_DIR). One family of helpers,
+# parametrised by the kind ("run" or "floor"), serves the run and floor_run rules.
+BLOCK_DIRS = {"run": "results/runs/{arm}/{engine}/{condition}", "floor": FLOOR_DIR}
 # A run's files: written by its block's run job (requests, scrape, run.json) or its telemetry job.
-RUN_DIR = "results/runs/{arm}/{engine}/{condition}/{rep}"
+RUN_DIR = f"{BLOCK_DIRS['run']}/{{rep}}"
 
 
 def run_file(name):
     return f"{RUN_DIR}/{name}"
 
 
-def block_outputs(name):
-    """The file `name` of every repetition of the block being matched ({arm}, {engine},
-    {condition} stay wildcards)."""
-    return expand(
-        run_file(name)
-        .replace("{arm}", "{{arm}}")
-        .replace("{engine}", "{{engine}}")
-        .replace("{condition}", "{{condition}}"),
-        rep=REPS,
-    )
+# Each kind's trace rule, its condition wildcard and its repetition wildcard.
+BLOCK_TRACES = {
+    "run": ("compile_trace", "condition", "rep"),
+    "floor": ("floor_trace", "floor", "floor_rep"),
+}
 
 
-def block_inputs(name):
-    """The trace file `name` of each repetition, in REPS order."""
+def block_reps(kind):
+    return {"run": REPS, "floor": FLOOR_REPS}[kind]
+
+
+def block_outputs(kind, name):
+    """The file `name` of every repetition of the block being matched (its wildcards stay)."""
+    return [f"{BLOCK_DIRS[kind]}/{rep}/{name}" for rep in block_reps(kind)]
+
+
+def block_inputs(kind, name):
+    """The trace file `name` of each repetition, in repetition order."""
+    trace_rule, condition, rep_wildcard = BLOCK_TRACES[kind]
 
     def inputs(wildcards):
+        output = getattr(rules, trace_rule).output[name]
         return [
-            rules.compile_trace.output[name].format(condition=wildcards.condition, rep=rep)
-            for rep in REPS
+            output.format(**{condition: getattr(wildcards, condition), rep_wildcard: rep})
+            for rep in block_reps(kind)
         ]
 
     return inputs
 
 
-def block_identity(wildcards):
-    """What defines the block's measurements (servelab.grid.identity): the deployment, the run
-    settings that are identity, and its repetitions. Operational settings are not params."""
-    condition = CONDITIONS[wildcards.condition]
+def block_of(kind, wildcards):
+    """(deployment, run, the config its run identity is read from) of the block being matched; a
+    block the configured grid does not have is refused."""
+    if kind == "floor":
+        # No offered load: the floor is a closed loop; its size is in its trace, whose SHA-256 is
+        # in the sealed measurement's key.
+        run = {
+            "arm": wildcards.arm,
+            "engine": wildcards.engine,
+            "condition": wildcards.floor,
+            "offered_load_rps": 0.0,
+        }
+        return floor_block(wildcards).deployment, run, grid.floor_run_config(config)
     if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, REPS[0]):
         raise ValueError(
-            f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition} is not a block of the grid"
+            f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition} "
+            "is not a block of the configured grid"
         )
+    condition = CONDITIONS[wildcards.condition]
     run = {
         "arm": wildcards.arm,
         "engine": wildcards.engine,
         "condition": wildcards.condition,
         "offered_load_rps": grid.offered_load(condition, config["workload"]["workers_per_graph"]),
     }
-    return {
-        "deployment": identity.deployment_identity(config, run_deployment_spec(wildcards)),
-        "run": identity.run_identity(config, run),
-        "reps": list(REPS),
-    }
+    return deployment_of(wildcards), run, config
+
+
+def block_identity(kind):
+    """What defines the block's measurements (servelab.grid.identity): the deployment, the run
+    settings that are identity, and its repetitions. Operational settings are not params."""
+
+    def identity_of(wildcards):
+        deployment, run, run_config = block_of(kind, wildcards)
+        return {
+            "deployment": identity.deployment_identity(config, deployment_params(deployment)),
+            "run": identity.run_identity(run_config, run),
+            "reps": list(block_reps(kind)),
+        }
+
+    return identity_of
+
+
+def block_resolved_config(kind):
+    """The resolved.json of the block's deployment (the gate passed)."""
+
+    def resolved(wildcards):
+        return rules.deploy.output.resolved.format(deployment=block_of(kind, wildcards)[0].id)
+
+    return resolved
+
+
+def block_priority(kind):
+    """Earlier deployments first (a floor with its deployment's own runs, so it is measured while
+    that deployment is up); traces (priority 1000) before any block."""
+
+    def priority(wildcards):
+        return 100 - DEPLOYMENT_RANK[block_of(kind, wildcards)[0].id]
+
+    return priority
 
 
 def results_root(wildcards, output):
-    """The results folder a block's outputs live under (results/runs/{arm}/{engine}/{condition})."""
+    """The results folder a block's runs/ folder lives in (results/, or a deployment's floor
+    folder: its runs live under runs/ as a campaign's do)."""
     return str(Path(output.block).parents[4])
 
 
@@ -426,58 +464,6 @@ def floor_shape(wildcards):
 
 def floor_seed(wildcards):
     return grid.trace_seed(config["campaign_seed"], wildcards.floor, wildcards.floor_rep)
-
-
-FLOOR_DIR = "results/floor/{deployment}/runs/{arm}/{engine}/{floor}"
-
-
-def floor_block_inputs(name):
-    """The floor trace file `name` of each floor repetition."""
-
-    def inputs(wildcards):
-        return [
-            rules.floor_trace.output[name].format(floor=wildcards.floor, floor_rep=rep)
-            for rep in FLOOR_REPS
-        ]
-
-    return inputs
-
-
-def floor_block_outputs(name):
-    """The file `name` of every floor repetition of the block being matched."""
-    return [f"{FLOOR_DIR}/{rep}/{name}" for rep in FLOOR_REPS]
-
-
-def floor_resolved_config(wildcards):
-    return rules.deploy.output.resolved.format(deployment=floor_block(wildcards).deployment.id)
-
-
-def floor_priority(wildcards):
-    """With the deployment's own runs (so it is measured while that deployment is up)."""
-    return 100 - DEPLOYMENT_RANK[wildcards.deployment]
-
-
-def floor_block_identity(wildcards):
-    """What defines the floor's measurements: the deployment, the run settings that are identity
-    (no offered load: the floor is a closed loop) and its repetitions; the floor's size is in its
-    trace, whose SHA-256 is in the sealed measurement's key."""
-    block = floor_block(wildcards)
-    run = {
-        "arm": wildcards.arm,
-        "engine": wildcards.engine,
-        "condition": wildcards.floor,
-        "offered_load_rps": 0.0,
-    }
-    return {
-        "deployment": identity.deployment_identity(config, deployment_params(block.deployment)),
-        "run": identity.run_identity(grid.floor_run_config(config), run),
-        "reps": list(FLOOR_REPS),
-    }
-
-
-def floor_results_root(wildcards, output):
-    """The deployment's floor folder: its runs live under runs/ as a campaign's do."""
-    return str(Path(output.block).parents[4])
 
 
 def floor_run_files(name):

@@ -27,24 +27,24 @@ rule floor_trace:
 
 rule floor_run:
     input:
-        traces=floor_block_inputs("trace"),
-        manifests=floor_block_inputs("manifest"),
-        resolved=floor_resolved_config,
+        traces=block_inputs("floor", "trace"),
+        manifests=block_inputs("floor", "manifest"),
+        resolved=block_resolved_config("floor"),
     output:
-        requests=floor_block_outputs("requests.parquet"),
-        scrape=floor_block_outputs("scrape.parquet"),
-        run_json=floor_block_outputs("run.json"),
+        requests=block_outputs("floor", "requests.parquet"),
+        scrape=block_outputs("floor", "scrape.parquet"),
+        run_json=block_outputs("floor", "run.json"),
         block="results/floor/{deployment}/runs/{arm}/{engine}/{floor}/block.json",
     log:
         "results/logs/floor/{deployment}/{arm}/{engine}/{floor}.log",
-    priority: floor_priority
+    priority: block_priority("floor")
     conda:
         "../../environment.yml"
     resources:
         gpu_slots=1,
     params:
-        identity=floor_block_identity,
-        results_dir=floor_results_root,
+        identity=block_identity("floor"),
+        results_dir=results_root,
     message:
         "measure the unloaded floor of {wildcards.deployment} on {wildcards.floor}"
     script:

@@ -6,26 +6,26 @@
 
 rule run:
     input:
-        traces=block_inputs("trace"),
-        manifests=block_inputs("manifest"),
+        traces=block_inputs("run", "trace"),
+        manifests=block_inputs("run", "manifest"),
         # A redeployment re-plans the block, but each repetition's sealed measurement is
         # published again, not re-measured, while the deployment's identity and the
         # configuration it resolved are the same (they are in the measurement's key).
-        resolved=run_resolved_config,
+        resolved=block_resolved_config("run"),
     output:
-        requests=block_outputs("requests.parquet"),
-        scrape=block_outputs("scrape.parquet"),
-        run_json=block_outputs("run.json"),
+        requests=block_outputs("run", "requests.parquet"),
+        scrape=block_outputs("run", "scrape.parquet"),
+        run_json=block_outputs("run", "run.json"),
         block="results/runs/{arm}/{engine}/{condition}/block.json",
     log:
         "results/logs/runs/{arm}/{engine}/{condition}.log",
-    priority: run_priority
+    priority: block_priority("run")
     conda:
         "../../environment.yml"
     resources:
         gpu_slots=1,
     params:
-        identity=block_identity,
+        identity=block_identity("run"),
         results_dir=results_root,
     message:
         "run every repetition of {wildcards.arm}/{wildcards.engine}/{wildcards.condition}"

@@ -73,7 +73,7 @@ rule sim_vs_real:
         "../../environment.yml"
     params:
         pairs=sim_vs_real_pairs(),
-        keeps_pace=grid.analysis_settings(config).get("keeps_pace", 0.97),
+        keeps_pace=grid.analysis_settings(config)["keeps_pace"],
     message:
         "the simulator against the real engines -> {output.csv}"
     script:

@@ -1,7 +1,8 @@
 """Snakemake adapter: results/capacity.csv and its figure from every search's final state."""
 
 from servelab.capacity.figure import draw_capacity
-from servelab.capacity.method import CapacitySettings, read_state, write_capacity
+from servelab.capacity.method import read_state, write_capacity
+from servelab.grid.settings import CapacitySettings
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake

@@ -1,15 +1,18 @@
 """Snakemake adapter: compile and validate one floor trace (servelab.workload.floor)."""
 
+from servelab.grid.config import FloorShape
 from servelab.workflow_io import log_to
 from servelab.workload.floor import compile_floor_trace_files
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
+    # the shape whose id is the {floor} wildcard (the workflow's floor shapes are keyed by it)
+    shape = FloorShape(
+        float(snakemake.params.shape["sharing"]), int(snakemake.params.shape["prompt_tokens"])
+    )
     compile_floor_trace_files(
-        condition=snakemake.wildcards.floor,
+        shape=shape,
         rep=snakemake.wildcards.floor_rep,
         seed=int(snakemake.params.seed),
-        sharing=float(snakemake.params.shape["sharing"]),
-        prompt_tokens=int(snakemake.params.shape["prompt_tokens"]),
         requests=int(snakemake.params.requests),
         workload=dict(snakemake.params.workload),
         tokenizer=str(snakemake.params.tokenizer),

@@ -1,6 +1,7 @@
 """Snakemake adapter: numbers.json and the analysis notes."""
 
 from servelab.analysis import write_numbers
+from servelab.grid.settings import AnalysisSettings
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
@@ -10,5 +11,5 @@ with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
         manifests=list(snakemake.input.manifests),
         restart_records=list(snakemake.input.restarts),
         notes_path=snakemake.output.notes,
-        **snakemake.params.settings,
+        settings=AnalysisSettings.from_mapping(snakemake.params.settings),
     )

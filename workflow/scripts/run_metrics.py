@@ -1,7 +1,8 @@
 """Snakemake adapter: results/run_metrics.csv (every run's named metrics, goodput) and its
 definitions beside it."""
 
-from servelab.analysis.slo import RequestSlo, write_run_metrics
+from servelab.analysis.slo import write_run_metrics
+from servelab.grid.settings import RequestSlo
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake

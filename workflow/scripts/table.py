@@ -1,6 +1,7 @@
 """Snakemake adapter: one of the study's tables (3-6), by the rule's `params.number`."""
 
 from servelab.analysis import write_table
+from servelab.grid.settings import AnalysisSettings
 from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
@@ -8,5 +9,5 @@ with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
         int(snakemake.params.number),
         list(snakemake.params.run_dirs),
         snakemake.output.csv,
-        **snakemake.params.settings,
+        settings=AnalysisSettings.from_mapping(snakemake.params.settings),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from servelab.analysis.restarts import discover_restart_records
 from servelab.analysis.runs import discover_run_dirs
 from servelab.analysis.verify import record_checksums, verify
 from servelab.grid.config import add_config_arguments, analysis_settings, load_config
+from servelab.grid.settings import AnalysisSettings
 
 __all__ = ["register"]
 
@@ -34,9 +36,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--restarts", type=Path, help="restart records (default: RUNS/../restarts)")
     # the analysis settings, the engines and the tables' conditions
     add_config_arguments(p, default=None)
-    p.add_argument("--keeps-pace", type=float, help="keeps-pace threshold (default 0.97)")
     p.add_argument(
-        "--phi-guard", type=float, help="φ reported when |ln R̄_def| > ln GUARD (default 1.1)"
+        "--keeps-pace",
+        type=float,
+        help=f"keeps-pace threshold (default {AnalysisSettings.keeps_pace})",
+    )
+    p.add_argument(
+        "--phi-guard",
+        type=float,
+        help=f"φ reported when |ln R̄_def| > ln GUARD (default {AnalysisSettings.phi_guard})",
     )
     p.add_argument("--keep-first-graph", action="store_true", help="do not exclude agent graph 0")
     p.add_argument(
@@ -53,17 +61,20 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run)
 
 
-def _parameters(args: argparse.Namespace) -> dict[str, Any]:
-    params: dict[str, Any] = {"keeps_pace": 0.97, "phi_guard": 1.1, "exclude_first_graph": True}
+def _settings(args: argparse.Namespace) -> AnalysisSettings:
+    """The configuration's analysis settings (without --config: the defaults), then the options."""
+    settings = AnalysisSettings()
     if args.config is not None:
-        params = analysis_settings(load_config(args.config, args.configfile))
+        config = load_config(args.config, args.configfile)
+        settings = AnalysisSettings.from_mapping(analysis_settings(config))
+    overrides: dict[str, Any] = {}
     if args.keeps_pace is not None:
-        params["keeps_pace"] = args.keeps_pace
+        overrides["keeps_pace"] = args.keeps_pace
     if args.phi_guard is not None:
-        params["phi_guard"] = args.phi_guard
+        overrides["phi_guard"] = args.phi_guard
     if args.keep_first_graph:
-        params["exclude_first_graph"] = False
-    return params
+        overrides["exclude_first_graph"] = False
+    return dataclasses.replace(settings, **overrides)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -83,8 +94,8 @@ def _run(args: argparse.Namespace) -> int:
         args.out,
         manifests=manifests,
         restart_records=discover_restart_records(restarts),
+        settings=_settings(args),
         formats=formats,
-        **_parameters(args),
     )
     print(f"run logs: {result.found} found, {result.parsed} parsed, {result.skipped} skipped")
     print(f"wrote {len(result.outputs)} files under {args.out}")

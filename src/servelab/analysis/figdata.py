@@ -8,7 +8,7 @@ points carry the condition id, its x value, the geometric mean, its 95% interval
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -165,7 +165,7 @@ def figure8(an: Analysis) -> dict[str, Any]:
         if f.eligible
     ]
     summary = an.fluid_summary
-    ref = dict(summary["reference"])  # type: ignore[arg-type]
+    ref = dict(cast("dict[str, Any]", summary["reference"]))
     curves = []
     baseline = float(ref["baseline_p50_s"])
     if np.isfinite(baseline) and ref["run_lengths_s"]:

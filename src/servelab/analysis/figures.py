@@ -14,7 +14,7 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import matplotlib
 
@@ -39,10 +39,13 @@ from servelab.analysis.runs import engine_order
 from servelab.artifacts import atomic_path
 from servelab.engines.registry import engine_spec
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 __all__ = ["FORMATS", "STYLE", "draw_figures"]
 
 FORMATS = ("png", "pdf")
-STYLE: dict[str, Any] = {
+STYLE: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans",
     "font.size": 9,
     "axes.titlesize": 9.5,
@@ -121,7 +124,7 @@ PHASE_LABELS = {
 RATE_LABEL = "arrival rate (agent graphs s⁻¹)"
 
 
-def _fin(x: Any) -> bool:
+def _fin(x: Any) -> TypeGuard[float]:
     return isinstance(x, int | float) and math.isfinite(float(x))
 
 

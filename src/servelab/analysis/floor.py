@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,7 +52,7 @@ def write_floor(run_dirs: Sequence[str | Path], out_csv: str | Path) -> Path:
     the denominator of other numbers, so one that failed is an error, not a gap."""
     if not run_dirs:
         raise ValueError(f"{out_csv}: no floor runs")
-    groups: dict[tuple[str, str, str, str], list[tuple[dict, RequestMetrics]]] = {}
+    groups: dict[tuple[str, str, str, str], list[tuple[dict[str, Any], RequestMetrics]]] = {}
     for raw in run_dirs:
         run_dir = Path(raw)
         record = read_run_json(run_dir / "run.json")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def build_numbers(an: Analysis) -> dict[str, Any]:
         "figures": figures,
     }
     numbers["notes"] = an.notes()
-    return clean(numbers)
+    return cast("dict[str, Any]", clean(numbers))
 
 
 def render_notes(an: Analysis) -> str:

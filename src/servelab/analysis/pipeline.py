@@ -1,8 +1,9 @@
-"""Public entry points with plain-value arguments, so Snakemake scripts stay one call each.
+"""Public entry points, so Snakemake scripts stay one call each.
 
-Each function takes exactly the run directories it needs (or an already built `Analysis`), reads
-them through `load_runs`, and writes its outputs atomically. `analyze` writes everything from one
-load: Tables 3-6, Figures 1 and 6-14, numbers.json and analysis_notes.txt.
+Each function takes exactly the run directories it needs (or an already built `Analysis`) and the
+settings the outputs are computed with, whole (`servelab.grid.settings.AnalysisSettings`; None: its
+defaults), reads the runs through `load_runs`, and writes its outputs atomically. `analyze` writes
+everything from one load: Tables 3-6, Figures 1 and 6-14, numbers.json and analysis_notes.txt.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from servelab.analysis import figdata, figures, tables
 from servelab.analysis.numbers import build_numbers, clean, render_notes
 from servelab.analysis.restarts import read_restart_record
 from servelab.analysis.runs import load_runs, read_manifests
-from servelab.analysis.summary import STUDY_TABLE_CONDITIONS, Analysis
+from servelab.analysis.summary import Analysis
 from servelab.analysis.verify import Mismatch, verify
 from servelab.artifacts import read_json, write_json, write_text
+from servelab.grid.settings import AnalysisSettings
 
 __all__ = [
     "TABLE_RENDERERS",
@@ -44,35 +46,45 @@ def build_analysis(
     *,
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-    engines: Sequence[str] | None = None,
-    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
+    settings: AnalysisSettings | None = None,
     telemetry: bool = True,
 ) -> Analysis:
-    """Load the runs (and trace manifests, restart records) into an `Analysis`."""
-    runset = load_runs(run_dirs, exclude_first_graph=exclude_first_graph, telemetry=telemetry)
+    """Load the runs (and trace manifests, restart records) into an `Analysis` computed with
+    `settings` (None: the defaults of `AnalysisSettings`)."""
+    settings = AnalysisSettings() if settings is None else settings
+    runset = load_runs(
+        run_dirs, exclude_first_graph=settings.exclude_first_graph, telemetry=telemetry
+    )
     return Analysis(
         runset,
-        keeps_pace=keeps_pace,
-        phi_guard=phi_guard,
+        settings=settings,
         manifests=read_manifests(manifests),
         restarts=[read_restart_record(p) for p in restart_records],
-        engines=engines,
-        table_conditions=table_conditions,
     )
 
 
-def _analysis(runs: RunsArg, **kw: object) -> Analysis:
+def _analysis(
+    runs: RunsArg,
+    settings: AnalysisSettings | None,
+    *,
+    manifests: Sequence[PathLike] = (),
+    restart_records: Sequence[PathLike] = (),
+    telemetry: bool = True,
+) -> Analysis:
+    """`runs` itself when it is an `Analysis` already, else `build_analysis` of its directories."""
     if isinstance(runs, Analysis):
         return runs
-    return build_analysis(runs, **kw)  # type: ignore[arg-type]
+    return build_analysis(
+        runs,
+        manifests=manifests,
+        restart_records=restart_records,
+        settings=settings,
+        telemetry=telemetry,
+    )
 
 
-# The table writers by number: every one takes the same analysis settings (config `analysis:`), so
-# one settings mapping can be passed to all of them; a table that does not use one (e.g.
-# keeps_pace for Table 5) ignores it.
+# The table writers by number: every one takes the same analysis settings (config `analysis:`, one
+# `AnalysisSettings`); a table that does not use one (e.g. keeps_pace for Table 5) ignores it.
 TABLE_RENDERERS: dict[int, Callable[[Analysis], str]] = {
     3: tables.render_table3,  # workload realisation (every run of the grid)
     4: tables.render_table4,  # SGLang in the two deployments (its runs of both arms, 3 conditions)
@@ -86,24 +98,12 @@ def write_table(
     runs: RunsArg,
     out_csv: PathLike,
     *,
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-    engines: Sequence[str] | None = None,
-    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
+    settings: AnalysisSettings | None = None,
 ) -> Path:
     """Table `number` (3-6) of the study from `runs`, written to `out_csv`."""
     if number not in TABLE_RENDERERS:
         raise ValueError(f"no table {number}: the study's tables are 3, 4, 5 and 6")
-    an = _analysis(
-        runs,
-        keeps_pace=keeps_pace,
-        phi_guard=phi_guard,
-        exclude_first_graph=exclude_first_graph,
-        engines=engines,
-        table_conditions=table_conditions,
-        telemetry=False,
-    )
+    an = _analysis(runs, settings, telemetry=False)
     write_text(out_csv, TABLE_RENDERERS[number](an))
     return Path(out_csv)
 
@@ -114,25 +114,12 @@ def write_figures(
     *,
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-    engines: Sequence[str] | None = None,
-    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
+    settings: AnalysisSettings | None = None,
     formats: Sequence[str] = figures.FORMATS,
 ) -> list[Path]:
     """Figures 1 and 6-14 as `{out_dir}/figureN.{png,pdf}` (needs every run, the trace manifests of
     the runs the fluid model uses, and the restart records if any)."""
-    an = _analysis(
-        runs,
-        manifests=manifests,
-        restart_records=restart_records,
-        keeps_pace=keeps_pace,
-        phi_guard=phi_guard,
-        exclude_first_graph=exclude_first_graph,
-        engines=engines,
-        table_conditions=table_conditions,
-    )
+    an = _analysis(runs, settings, manifests=manifests, restart_records=restart_records)
     return figures.draw_figures(_drawable(clean(figdata.figure_data(an))), out_dir, formats)
 
 
@@ -142,24 +129,11 @@ def write_numbers(
     *,
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-    engines: Sequence[str] | None = None,
-    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
+    settings: AnalysisSettings | None = None,
     notes_path: PathLike | None = None,
 ) -> Path:
     """numbers.json (and, if `notes_path` is given, the plain-text notes)."""
-    an = _analysis(
-        runs,
-        manifests=manifests,
-        restart_records=restart_records,
-        keeps_pace=keeps_pace,
-        phi_guard=phi_guard,
-        exclude_first_graph=exclude_first_graph,
-        engines=engines,
-        table_conditions=table_conditions,
-    )
+    an = _analysis(runs, settings, manifests=manifests, restart_records=restart_records)
     write_json(out_json, build_numbers(an))
     if notes_path is not None:
         write_text(notes_path, render_notes(an))
@@ -181,25 +155,14 @@ def analyze(
     *,
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-    engines: Sequence[str] | None = None,
-    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
+    settings: AnalysisSettings | None = None,
     formats: Sequence[str] = figures.FORMATS,
 ) -> AnalysisResult:
     """Everything, from one load: `{out_dir}/table{3..6}.csv`, `numbers.json`,
     `analysis_notes.txt` and `figures/figureN.{png,pdf}`."""
     out = Path(out_dir)
     an = build_analysis(
-        run_dirs,
-        manifests=manifests,
-        restart_records=restart_records,
-        keeps_pace=keeps_pace,
-        phi_guard=phi_guard,
-        exclude_first_graph=exclude_first_graph,
-        engines=engines,
-        table_conditions=table_conditions,
+        run_dirs, manifests=manifests, restart_records=restart_records, settings=settings
     )
     written = [write_table(n, an, out / f"table{n}.csv") for n in sorted(TABLE_RENDERERS)]
     numbers = build_numbers(an)
@@ -222,11 +185,7 @@ def verify_against_checksums(
     *,
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
-    keeps_pace: float = 0.97,
-    phi_guard: float = 1.1,
-    exclude_first_graph: bool = True,
-    engines: Sequence[str] | None = None,
-    table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
+    settings: AnalysisSettings | None = None,
     scratch_dir: PathLike | None = None,
 ) -> list[Mismatch]:
     """The verify target: recompute everything into a scratch directory (a temporary one unless
@@ -242,11 +201,7 @@ def verify_against_checksums(
             scratch,
             manifests=manifests,
             restart_records=restart_records,
-            keeps_pace=keeps_pace,
-            phi_guard=phi_guard,
-            exclude_first_graph=exclude_first_graph,
-            engines=engines,
-            table_conditions=table_conditions,
+            settings=settings,
         )
         mismatches = verify(scratch, checksums_path)
     if mismatches:

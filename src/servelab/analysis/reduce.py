@@ -21,6 +21,7 @@ buffers (no per-row Python):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -162,12 +163,15 @@ def reduce_requests(table: pa.Table, what: str) -> RequestMetrics:
         tpot=tpot,
         e2e=last - sent,
         last_chunk=last,
-        **dict(
-            zip(
-                ("itl_chunk", "itl_token", "itl_row"),
-                _itl(times, tokens, times_start, times_stop),
-                strict=True,
-            )
+        **cast(
+            "dict[str, Any]",
+            dict(
+                zip(
+                    ("itl_chunk", "itl_token", "itl_row"),
+                    _itl(times, tokens, times_start, times_stop),
+                    strict=True,
+                )
+            ),
         ),
     )
 

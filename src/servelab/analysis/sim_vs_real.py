@@ -46,6 +46,7 @@ from servelab.analysis import stats
 from servelab.analysis.reduce import reduce_requests, run_metrics
 from servelab.artifacts import write_json, write_text
 from servelab.engines.registry import engine_spec
+from servelab.grid.settings import AnalysisSettings
 
 __all__ = ["GOALS", "RunPair", "compare_runs", "saturation_rate", "write_sim_vs_real"]
 
@@ -195,7 +196,7 @@ def _fmt(value: float) -> str:
 
 
 def compare_runs(
-    pairs: Sequence[RunPair], *, keeps_pace: float = 0.97
+    pairs: Sequence[RunPair], *, keeps_pace: float = AnalysisSettings.keeps_pace
 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     """(CSV rows, summary with saturation and goals, waiting-series rows) of the paired runs."""
     groups: dict[tuple[str, str, str], list[RunPair]] = {}
@@ -336,7 +337,7 @@ def write_sim_vs_real(
     out_json: str | Path,
     out_waiting: str | Path,
     out_figure: str | Path | None = None,
-    keeps_pace: float = 0.97,
+    keeps_pace: float = AnalysisSettings.keeps_pace,
 ) -> dict[str, Any]:
     """Write the files (atomically, deterministic bytes); return the summary."""
     rows, summary, waiting = compare_runs(pairs, keeps_pace=keeps_pace)

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,10 +36,10 @@ from servelab.artifacts import (
     read_run_json,
     write_text,
 )
+from servelab.grid.settings import RequestSlo
 
 __all__ = [
     "METRIC_DEFINITIONS",
-    "RequestSlo",
     "goodput",
     "latency_percentiles",
     "latency_values",
@@ -73,27 +72,6 @@ METRIC_DEFINITIONS: dict[str, str] = {
 }
 PERCENTILES = (50, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl_token", "itl_chunk", "e2e", "normalised")
-
-
-@dataclass(frozen=True)
-class RequestSlo:
-    """Per-request limits (seconds; None: not applied). Default: MLPerf's Llama-3.1-8B Server pair,
-    TTFT 2 s and TPOT 100 ms, and no E2E limit."""
-
-    ttft_s: float | None = 2.0
-    tpot_s: float | None = 0.1
-    e2e_s: float | None = None
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> RequestSlo:
-        """From config `analysis.slo` (keys ttft_s, tpot_s, e2e_s; a missing key takes its
-        default, null means not applied)."""
-        section = dict(section or {})
-        unknown = set(section) - {"ttft_s", "tpot_s", "e2e_s"}
-        if unknown:
-            raise ValueError(f"analysis.slo: unknown key(s) {', '.join(sorted(unknown))}")
-        values = {**asdict(cls()), **section}
-        return cls(**{k: None if v is None else float(v) for k, v in values.items()})
 
 
 def meets_slo(req: RequestMetrics, slo: RequestSlo) -> npt.NDArray[np.bool_]:

@@ -23,6 +23,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats as sps
 
+from servelab.grid.settings import AnalysisSettings
+
 __all__ = [
     "LogSummary",
     "PairedGap",
@@ -160,7 +162,9 @@ def paired_gap(
     )
 
 
-def removed_fraction(gap_defaults: float, gap_matched: float, guard: float = 1.1) -> float:
+def removed_fraction(
+    gap_defaults: float, gap_matched: float, guard: float = AnalysisSettings.phi_guard
+) -> float:
     """φ = ln(R̄_def / R̄_mat) / ln R̄_def (Eq. 7), NaN unless |ln R̄_def| > ln `guard`."""
     if not (np.isfinite(gap_defaults) and np.isfinite(gap_matched)):
         return NAN
@@ -172,7 +176,9 @@ def removed_fraction(gap_defaults: float, gap_matched: float, guard: float = 1.1
     return math.log(gap_defaults / gap_matched) / log_def
 
 
-def keeps_pace(achieved: float, offered: float, threshold: float = 0.97) -> bool:
+def keeps_pace(
+    achieved: float, offered: float, threshold: float = AnalysisSettings.keeps_pace
+) -> bool:
     """An engine keeps pace with the offered load when X ≥ threshold · Λ (boundary included)."""
     return bool(np.isfinite(achieved) and achieved >= threshold * offered)
 

@@ -33,12 +33,12 @@ from servelab.analysis.runs import (
 )
 from servelab.artifacts import ROLES, ArtifactError
 from servelab.engines.registry import engine_spec
+from servelab.grid.settings import STUDY_TABLE_CONDITIONS, AnalysisSettings
 
 __all__ = [
     "LATENCY_METRICS",
     "METRICS",
     "STUDY_ENGINES",
-    "STUDY_TABLE_CONDITIONS",
     "TABLE4_ROWS",
     "TABLE5_ROWS",
     "TABLE6_ROWS",
@@ -52,9 +52,6 @@ NAN = float("nan")
 LATENCY_METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "e2e_p50")
 METRICS = (*LATENCY_METRICS, "throughput")
 
-# The conditions the study's Tables 4-6 show; a campaign on another grid names its own
-# (config `analysis.table_conditions`).
-STUDY_TABLE_CONDITIONS: tuple[str, ...] = ("rate-0.12", "rate-0.28", "length-8192")
 # The engines the study compares, in gap order (vLLM ÷ SGLang for latency).
 STUDY_ENGINES: tuple[str, ...] = ("vllm", "sglang")
 
@@ -196,27 +193,28 @@ class Analysis:
         self,
         runset: RunSet,
         *,
-        keeps_pace: float = 0.97,
-        phi_guard: float = 1.1,
+        settings: AnalysisSettings | None = None,
         manifests: Mapping[tuple[str, str], TraceInfo] | None = None,
         restarts: Sequence[RestartRecord] = (),
         fluid_reference: tuple[str, str] = ("matched", "rate-0.28"),
         fluid_shortfall: float = 0.01,
-        engines: Sequence[str] | None = None,
-        table_conditions: Sequence[str] = STUDY_TABLE_CONDITIONS,
     ) -> None:
         self.runset = runset
+        # config `analysis:` and the campaign's engines; None: the defaults (AnalysisSettings)
+        settings = AnalysisSettings() if settings is None else settings
+        self.settings = settings
         # The campaign's engines in gap order (config `engines`, registry order); None: those
         # the runs show. Two engines: the study's comparison. One: its arms are compared.
+        engines = settings.engines
         self.engines = tuple(runset.engines() if engines is None else engines) or STUDY_ENGINES
         if len(self.engines) > 2:
             raise ValueError(
                 f"the analysis compares two engines (or one engine's two arms), not "
                 f"{len(self.engines)}: {', '.join(self.engines)}"
             )
-        self.table_conditions = tuple(table_conditions)
-        self.keeps_pace = keeps_pace
-        self.phi_guard = phi_guard
+        self.table_conditions = tuple(settings.table_conditions)
+        self.keeps_pace = settings.keeps_pace
+        self.phi_guard = settings.phi_guard
         self.manifests = dict(manifests or {})
         self.restarts = list(restarts)
         self.fluid_reference = fluid_reference

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from servelab.artifacts import (
     write_parquet,
 )
 from servelab.artifacts.runrecord import build_run_record
-from servelab.grid.config import conditions, runs, trace_seed
+from servelab.grid.config import Condition, conditions, offered_load, runs, trace_seed
 
 __all__ = [
     "RunSpec",
@@ -177,32 +177,29 @@ def write_run(
 def write_manifest(
     path: PathLike,
     *,
-    condition: str,
+    condition: Condition,
     rep: str,
     seed: int,
-    rate: float,
-    sharing: float,
-    prompt_tokens: int,
-    duration_s: float,
     n_graphs: int = 0,
     n_requests: int = 0,
 ) -> Path:
-    """A trace manifest.json with the required fields (prefix fields are placeholders)."""
+    """A trace manifest.json of `condition` with the required fields (prefix fields are
+    placeholders)."""
     prefix = "synthetic prefix"
     write_json(
         path,
         {
-            "condition": condition,
+            "condition": condition.id,
             "rep": rep,
             "seed": seed,
-            "rate": rate,
-            "sharing": sharing,
-            "prompt_tokens": prompt_tokens,
-            "duration_s": duration_s,
+            "rate": condition.rate,
+            "sharing": condition.sharing,
+            "prompt_tokens": condition.prompt_tokens,
+            "duration_s": condition.duration_s,
             "tokenizer": "synthetic",
             "prefix_text": prefix,
             "prefix_sha256": hashlib.sha256(prefix.encode()).hexdigest(),
-            "achieved_sharing": sharing,
+            "achieved_sharing": condition.sharing,
             "n_graphs": n_graphs,
             "n_requests": n_requests,
             "checks": {"synthetic": True},
@@ -271,6 +268,10 @@ def _capacity(engine: str, arm: str, prompt_tokens: int, sharing: float) -> floa
     return base * 1.6 / work
 
 
+# Workers between planner and aggregator in every synthetic agent graph (the study's workload).
+_WORKERS_PER_GRAPH = 4
+
+
 @dataclass(frozen=True)
 class _Trace:
     arrivals: np.ndarray  # graph arrival times
@@ -297,21 +298,19 @@ def write_synthetic_run(
     *,
     arm: str,
     engine: str,
-    condition: str,
+    condition: Condition,
     rep: str,
     seed: int,
-    rate: float,
-    sharing: float,
-    prompt_tokens: int,
-    duration_s: float,
     status: str | None = None,
     backend: str = "sim",
     warmup_requests: int = 20,
 ) -> Path:
-    """One synthetic run of realistic size (graphs arrive for `duration_s` at `rate`)."""
-    trace = _trace(seed, rate, duration_s)
+    """One synthetic run of `condition`, of realistic size (graphs arrive for its `duration_s` at
+    its `rate`)."""
+    trace = _trace(seed, condition.rate, condition.duration_s)
     rng = np.random.default_rng(_seed(seed, arm, engine))
-    offered = rate * 6.0
+    sharing, prompt_tokens = condition.sharing, condition.prompt_tokens
+    offered = offered_load(condition, _WORKERS_PER_GRAPH)
     cap = _capacity(engine, arm, prompt_tokens, sharing)
     rho = offered / cap
     t0 = 5.0  # trace start after the warm-ups
@@ -333,7 +332,8 @@ def write_synthetic_run(
         return sent, sent + ttft, tpot
 
     def finish(first: np.ndarray, tpot: np.ndarray, n_tokens: int) -> np.ndarray:
-        return first + tpot * (n_tokens - 1)
+        end: np.ndarray = first + tpot * (n_tokens - 1)
+        return end
 
     p_sent, p_first, p_tpot = serve(trace.arrivals)
     p_end = finish(p_first, p_tpot, 128)
@@ -343,12 +343,15 @@ def write_synthetic_run(
     a_ready = w_end.max(axis=1)
     a_sent, a_first, a_tpot = serve(a_ready)
 
-    sched = np.concatenate([trace.arrivals, w_ready.ravel(), a_ready]) + t0
-    sent = np.concatenate([p_sent, w_sent, a_sent]) + t0
-    first = np.concatenate([p_first, w_first, a_first]) + t0
-    tpot = np.concatenate([p_tpot, w_tpot, a_tpot])
-    n_tok = np.concatenate([np.full(g, 128), np.full(4 * g, 128), np.full(g, 256)])
-    gid = np.concatenate([graph_ids, np.repeat(graph_ids, 4), graph_ids]).astype(np.int32)
+    # Declared as plain arrays: the reordering below assigns all eight from one generator.
+    sched: np.ndarray = np.concatenate([trace.arrivals, w_ready.ravel(), a_ready]) + t0
+    sent: np.ndarray = np.concatenate([p_sent, w_sent, a_sent]) + t0
+    first: np.ndarray = np.concatenate([p_first, w_first, a_first]) + t0
+    tpot: np.ndarray = np.concatenate([p_tpot, w_tpot, a_tpot])
+    n_tok: np.ndarray = np.concatenate([np.full(g, 128), np.full(4 * g, 128), np.full(g, 256)])
+    gid: np.ndarray = np.concatenate([graph_ids, np.repeat(graph_ids, 4), graph_ids]).astype(
+        np.int32
+    )
     roles = np.array(["planner"] * g + ["worker"] * (4 * g) + ["aggregator"] * g, dtype=object)
     rid = np.array(
         [f"g{i:05d}-p" for i in graph_ids]
@@ -386,7 +389,7 @@ def write_synthetic_run(
     chunk_tokens = pa.ListArray.from_arrays(
         pa.array(offsets), pa.array(np.ones(int(offsets[-1]), dtype=np.int32))
     )
-    run_id = f"{arm}/{engine}/{condition}/{rep}"
+    run_id = f"{arm}/{engine}/{condition.id}/{rep}"
     n = sched.size
     table = pa.table(
         {
@@ -426,7 +429,7 @@ def write_synthetic_run(
     spec = RunSpec(
         arm=arm,
         engine=engine,
-        condition=condition,
+        condition=condition.id,
         rep=rep,
         seed=seed,
         offered_load_rps=offered,
@@ -442,7 +445,8 @@ def _segmented_cumsum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Cumulative sum of `values` restarting at every segment start (segments given by `offsets`)."""
     total = np.cumsum(values)
     before = np.concatenate(([0.0], total))[offsets[:-1]]
-    return total - np.repeat(before, np.diff(offsets))
+    restarted: np.ndarray = total - np.repeat(before, np.diff(offsets))
+    return restarted
 
 
 def write_synthetic_grid(
@@ -464,37 +468,29 @@ def write_synthetic_grid(
     manifests: dict[tuple[str, str], Path] = {}
     for run in runs(config):
         c = conds[run.condition]
+        c = replace(c, duration_s=c.duration_s * duration_scale)
         seed = trace_seed(int(config["campaign_seed"]), run.condition, run.rep)
-        duration = c.duration_s * duration_scale
         run_dir = root / "runs" / run.arm / run.engine / run.condition / run.rep
         write_synthetic_run(
             run_dir,
             arm=run.arm,
             engine=run.engine,
-            condition=run.condition,
+            condition=c,
             rep=run.rep,
             seed=seed,
-            rate=c.rate,
-            sharing=c.sharing,
-            prompt_tokens=c.prompt_tokens,
-            duration_s=duration,
             status=(statuses or {}).get(run.id),
             backend=backend,
         )
         run_dirs.append(run_dir)
         key = (run.condition, run.rep)
         if key not in manifests:
-            n_graphs = _trace(seed, c.rate, duration).n_graphs
+            n_graphs = _trace(seed, c.rate, c.duration_s).n_graphs
             manifests[key] = write_manifest(
                 root / "traces" / run.condition / run.rep / "manifest.json",
-                condition=run.condition,
+                condition=c,
                 rep=run.rep,
                 seed=seed,
-                rate=c.rate,
-                sharing=c.sharing,
-                prompt_tokens=c.prompt_tokens,
-                duration_s=duration,
                 n_graphs=n_graphs,
-                n_requests=6 * n_graphs,
+                n_requests=(_WORKERS_PER_GRAPH + 2) * n_graphs,
             )
     return sorted(run_dirs), [manifests[k] for k in sorted(manifests)]

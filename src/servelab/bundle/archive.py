@@ -19,6 +19,7 @@ with the bundle's outputs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import hashlib
 import io
@@ -42,6 +43,7 @@ from servelab.analysis.verify import CHECKSUMS_FORMAT, analysis_outputs
 from servelab.artifacts import atomic_path, read_json
 from servelab.artifacts.provenance import git_commit, servelab_version
 from servelab.grid import config as grid
+from servelab.grid.settings import AnalysisSettings
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -427,7 +429,7 @@ def _extract(bundle: Path, dest: Path) -> dict[str, str]:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 digest = hashlib.sha256()
                 with target.open("wb") as out:
-                    for block in iter(lambda s=source: s.read(1 << 20), b""):
+                    for block in iter(functools.partial(source.read, 1 << 20), b""):
                         digest.update(block)
                         out.write(block)
                 digests[rel] = digest.hexdigest()
@@ -498,7 +500,7 @@ def _regenerate(manifest: Mapping[str, Any], extracted: Path, scratch: Path) -> 
             out,
             manifests=[f"{prefix}/{m}" for m in section["manifests"]],
             restart_records=[f"{prefix}/{r}" for r in section["restart_records"]],
-            **section["settings"],
+            settings=AnalysisSettings.from_mapping(section["settings"]),
         )
 
 

@@ -44,6 +44,7 @@ from servelab.artifacts import (
     write_text,
 )
 from servelab.artifacts.runrecord import build_run_record
+from servelab.campaign.deploy import backend_deployment, gate
 from servelab.deploy import Backend, RunRequest, get_backend
 from servelab.grid.identity import (
     deployment_identity,
@@ -156,7 +157,7 @@ def execute_block(
         sim=settings["sim"],
     )
     resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
-    deployment = {k: v for k, v in deployment_id.items() if k not in ("backend", "gpu", "model")}
+    deployment = backend_deployment(deployment_id)
     campaign = _Campaign(impl, settings, typed, deployment, resolved, Path(resolved_path).parent)
     items = [
         _BlockItem(block.run(rep), trace, manifest, _key(run, rep, deployment_id, trace, resolved))
@@ -428,6 +429,8 @@ class _Campaign:
             scrape_path=str(out / "scrape.parquet"),
             run_json_path=str(out / "run.json"),
             deployment_dir=str(self.deployment_dir),
+            # an engine the backend brings up again itself is confirmed by the one gate
+            gate=gate,
         )
         log.info("run %s: attempt %d on backend %s", paths.run_id, attempt, self.impl.name)
         try:

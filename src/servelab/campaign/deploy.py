@@ -1,6 +1,9 @@
 """Deploy and gate (study §5.4): render a deployment's manifests, bring its engine up through its
-backend, parse the start-up log with the one parser and refuse a configuration the arm does not
-expect. The only place a start-up log is gated; `resolved.json` exists only if the gate passed.
+backend, parse the start-up log the backend returns with the one parser and refuse a configuration
+the arm does not expect. `gate` is the only resolved-configuration gate: this module applies it to
+every deployment, and hands it to the backends that must confirm an engine they bring up again by
+themselves (servelab.campaign.blocks: a pod the kubernetes backend finds recreated). `resolved.json`
+exists only if the gate passed.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from servelab.artifacts import (
     write_json,
     write_text,
 )
-from servelab.deploy import get_backend
+from servelab.deploy import Deployed, get_backend
 from servelab.deploy.manifests import render_deployment
 from servelab.engines import check_resolved, parse_startup_log
 
-__all__ = ["deploy", "render_manifests"]
+__all__ = ["backend_deployment", "confirm", "deploy", "gate", "render_manifests"]
 
 log = logging.getLogger(__name__)
 
@@ -55,43 +58,75 @@ def render_manifests(
     write_text(manifest_path, "---\n".join(documents))
 
 
-def deploy(
-    *,
-    deployment: Mapping[str, Any],
-    backend: str,
-    gpu: Mapping[str, Any],
-    model: Mapping[str, Any],
-    kubernetes: Mapping[str, Any],
-    manifest_path: str,
-    startup_log_path: str,
-    resolved_path: str,
-) -> dict[str, Any]:
-    """Bring the engine up, parse its start-up log and refuse a configuration the arm does not expect.
+def backend_deployment(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """A deployment's identity (servelab.grid.identity.deployment_identity) as a backend is given
+    it: everything but where it runs (backend, GPU, model)."""
+    return {k: v for k, v in identity.items() if k not in ("backend", "gpu", "model")}
 
-    The start-up log is kept whatever the outcome; `resolved.json` is written only when the gate
-    passes, so no run of a refused deployment is measured.
-    """
-    impl = get_backend(backend, gpu=gpu, model=model, kubernetes=kubernetes)
-    impl.deploy(deployment, manifest_path=manifest_path, startup_log_path=startup_log_path)
-    if backend != "sim":
-        # A real engine's start-up log is a measurement too: every one is kept (a forced
-        # redeployment replaces the declared startup.log, never this copy).
-        archive = next_generation_dir(Path(startup_log_path).parent / "startups")
-        os.link(startup_log_path, archive / "startup.log")
-    text = Path(startup_log_path).read_text(encoding="utf-8", errors="replace")
-    parsed = parse_startup_log(text, engine=deployment["engine"])
+
+def gate(deployment: Mapping[str, Any], startup_log: str) -> dict[str, Any]:
+    """The resolved-configuration gate (a servelab.deploy.Gate): the configuration the start-up
+    log shows, read by the one parser; raises ResolvedConfigMismatch, quoting the log line, when
+    it is not the chunked-prefill setting (and chunk size) the deployment's arm expects."""
+    parsed = parse_startup_log(startup_log, engine=deployment["engine"])
     check_resolved(
         parsed,
         expect_chunked_prefill=deployment["expect_chunked_prefill"],
         expect_chunk_size=deployment["expect_chunk_size"],
     )
-    resolved = json.loads(parsed.to_json())
+    return dict(json.loads(parsed.to_json()))
+
+
+def confirm(deployment: Mapping[str, Any], deployed: Deployed) -> dict[str, Any]:
+    """Gate the start-up log a backend's `deploy` returned and report the verdict to the backend
+    (`Deployed.on_gate`: None when it passed, else the refusal, which is then raised). Returns
+    the configuration the log shows."""
+    try:
+        resolved = gate(deployment, deployed.startup_log)
+    except Exception as exc:
+        if deployed.on_gate is not None:
+            deployed.on_gate(exc)
+        raise
+    if deployed.on_gate is not None:
+        deployed.on_gate(None)
+    return resolved
+
+
+def deploy(
+    *,
+    identity: Mapping[str, Any],
+    kubernetes: Mapping[str, Any],
+    manifest_path: str,
+    startup_log_path: str,
+    resolved_path: str,
+) -> dict[str, Any]:
+    """Bring the engine up, gate its start-up log and refuse a configuration the arm does not expect.
+
+    `identity` is the deployment's identity whole (servelab.grid.identity.deployment_identity:
+    the deployment, its backend, GPU and model); `kubernetes` the operational kubernetes settings.
+    The start-up log is kept whatever the outcome; `resolved.json` is written only when the gate
+    passes, so no run of a refused deployment is measured.
+    """
+    backend = str(identity["backend"])
+    deployment = backend_deployment(identity)
+    impl = get_backend(
+        backend, gpu=dict(identity["gpu"]), model=dict(identity["model"]), kubernetes=kubernetes
+    )
+    deployed = impl.deploy(
+        deployment, manifest_path=manifest_path, startup_log_path=startup_log_path
+    )
+    if backend != "sim":
+        # A real engine's start-up log is a measurement too: every one is kept (a forced
+        # redeployment replaces the declared startup.log, never this copy).
+        archive = next_generation_dir(Path(startup_log_path).parent / "startups")
+        os.link(startup_log_path, archive / "startup.log")
+    resolved = confirm(deployment, deployed)
     resolved.update(deployment_id=deployment["deployment_id"], backend=backend)
     write_json(resolved_path, resolved)
     log.info(
         "deployment %s confirmed: chunked_prefill=%s chunk_size=%s",
         deployment["deployment_id"],
-        parsed.chunked_prefill,
-        parsed.chunk_size,
+        resolved["chunked_prefill"],
+        resolved["chunk_size"],
     )
     return resolved

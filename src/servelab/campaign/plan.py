@@ -120,7 +120,7 @@ class CampaignPlan:
     floor_runs: int = 0  # `all` also measures the unloaded floors (not in the hours)
 
     def total(self, part: str) -> float:
-        return sum(getattr(d, part) for d in self.deployments)
+        return float(sum(getattr(d, part) for d in self.deployments))
 
     @property
     def runs_to_measure(self) -> int:

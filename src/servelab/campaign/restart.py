@@ -1,5 +1,6 @@
 """The restart experiment (study §7.5, Figure 14): restart a deployment's engine once and record the
-event timeline. Kubernetes only: the other backends have no pod to restart.
+event timeline. The backend comes from the registry (servelab.deploy.get_backend); only one that
+restarts real pods (kubernetes: `restart_timeline`) can run it.
 """
 
 from __future__ import annotations
@@ -7,25 +8,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servelab.deploy.kubernetes import KubernetesBackend
+from servelab.campaign.deploy import backend_deployment
+from servelab.deploy import get_backend
 
 __all__ = ["restart_experiment"]
 
 
 def restart_experiment(
     *,
-    deployment: Mapping[str, Any],
-    backend: str,
+    identity: Mapping[str, Any],
     kubernetes: Mapping[str, Any],
     rep: str,
     manifest_path: str,
     record_path: str,
 ) -> dict[str, Any]:
-    """Restart the engine's pod once and record the event timeline (study §7.5, Fig. 14)."""
+    """Restart the engine's pod once and record the event timeline (study §7.5, Fig. 14).
+
+    `identity` is the restarted deployment's identity whole (servelab.grid.identity), as the
+    deploy rule takes it; `kubernetes` the kubernetes settings."""
+    backend = str(identity["backend"])
     if backend != "kubernetes":
         raise ValueError(
             f"the restart experiment restarts real pods: backend {backend!r} has none "
             "(run it with --config backend=kubernetes)"
         )
-    impl = KubernetesBackend.from_settings(kubernetes)
-    return impl.restart_timeline(deployment["deployment_id"], manifest_path, record_path, rep=rep)
+    impl = get_backend(
+        backend, gpu=dict(identity["gpu"]), model=dict(identity["model"]), kubernetes=kubernetes
+    )
+    deployment = backend_deployment(identity)
+    # Only a backend with real pods restarts them (servelab.deploy.kubernetes.KubernetesBackend).
+    record: dict[str, Any] = impl.restart_timeline(  # type: ignore[attr-defined]
+        deployment["deployment_id"], manifest_path, record_path, rep=rep
+    )
+    return record

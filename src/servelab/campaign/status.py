@@ -146,7 +146,7 @@ def run_status(results: str | Path, run: Run) -> RunStatus:
     results = Path(results)
     run_dir = run_folder(results, run)
     discards = _discard_generations(results, run)
-    common = {
+    common: dict[str, Any] = {
         "run_id": run.id,
         "arm": run.arm,
         "engine": run.engine,

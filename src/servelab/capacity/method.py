@@ -27,14 +27,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
-from servelab.grid.config import Condition, ConfigError, deployment_for, deployment_record
+from servelab.grid.config import Condition, deployment_for, deployment_record
 from servelab.grid.identity import deployment_identity, run_identity
+from servelab.grid.settings import CapacitySettings, RequestSlo, Shape
 
 __all__ = [
-    "CapacitySettings",
     "Search",
     "capacity_csv",
     "evaluate_probe",
@@ -47,61 +47,6 @@ __all__ = [
 
 # The bracket a saturation probe sets, as multiples of its completed graphs/s.
 SATURATION_LOW, SATURATION_HIGH = 0.25, 1.25
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    sharing: float
-    prompt_tokens: int
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class CapacitySettings:
-    """Config `capacity:` (docs/capacity.md)."""
-
-    shapes: tuple[Shape, ...]
-    bracket: tuple[float, float] | None
-    saturation_rate: float
-    saturation_duration_s: float
-    tolerance: float
-    max_probes: int
-    repetitions: int
-    keeps_pace: float
-    limits: Mapping[str, float]  # e.g. {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1}
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> CapacitySettings:
-        section = config.get("capacity")
-        if not section:
-            raise ConfigError("config key capacity: not set (docs/capacity.md)")
-        bracket = section.get("bracket")
-        return cls(
-            shapes=tuple(
-                Shape(
-                    str(s["name"]),
-                    float(s["sharing"]),
-                    int(s["prompt_tokens"]),
-                    float(s["duration_s"]),
-                )
-                for s in section["shapes"]
-            ),
-            bracket=(float(bracket[0]), float(bracket[1])) if bracket else None,
-            saturation_rate=float(section.get("saturation_rate", 2.0)),
-            saturation_duration_s=float(section.get("saturation_duration_s", 120.0)),
-            tolerance=float(section.get("tolerance", 0.02)),
-            max_probes=int(section.get("max_probes", 12)),
-            repetitions=int(section.get("repetitions", config["repetitions"])),
-            keeps_pace=float(section.get("keeps_pace", config["analysis"]["keeps_pace"])),
-            limits=dict(section.get("limits", {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1})),
-        )
-
-    def shape(self, name: str) -> Shape:
-        for shape in self.shapes:
-            if shape.name == name:
-                return shape
-        raise ConfigError(f"config key capacity.shapes: no shape named {name!r}")
 
 
 @dataclass(frozen=True)
@@ -199,7 +144,7 @@ def evaluate_probe(
     varies by tens of percent from seed to seed (docs/capacity.md)."""
     # the analysis (and scipy) only where a probe is judged, not when the Snakefile is parsed
     from servelab.analysis.reduce import reduce_requests
-    from servelab.analysis.slo import RequestSlo, run_metrics_row
+    from servelab.analysis.slo import run_metrics_row
 
     reps = []
     for run_dir in run_dirs:
@@ -322,7 +267,7 @@ def write_state(path: str | Path, state: Mapping[str, Any]) -> None:
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    return cast("dict[str, Any]", json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def write_capacity(

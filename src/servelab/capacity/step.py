@@ -11,7 +11,6 @@ from typing import Any
 from servelab.campaign import blocks as campaign_blocks
 from servelab.campaign import deploy as campaign_deploy
 from servelab.capacity.method import (
-    CapacitySettings,
     Search,
     bracket_of,
     deployment_params,
@@ -24,6 +23,7 @@ from servelab.capacity.method import (
 )
 from servelab.grid.config import offered_load, trace_seed
 from servelab.grid.identity import manifest_settings
+from servelab.grid.settings import CapacitySettings
 from servelab.workload.compiler import compile_trace_files
 
 __all__ = ["capacity_step", "deploy_search", "measure_probe"]
@@ -41,11 +41,11 @@ def deploy_search(config: Mapping[str, Any], search: Search, folder: str | Path)
         kubernetes=kubernetes,
         manifest_path=str(folder / "manifest.yaml"),
     )
+    # The deployment's identity whole (as servelab.grid.identity.deployment_identity makes it,
+    # without `local`: the search's deployment is started unpinned; its runs pin it).
+    identity = {"backend": config["backend"], "gpu": config["gpu"], "model": config["model"], **dep}
     return campaign_deploy.deploy(
-        deployment=dep,
-        backend=config["backend"],
-        gpu=config["gpu"],
-        model=config["model"],
+        identity=identity,
         kubernetes=config.get("kubernetes") or {},
         manifest_path=str(folder / "manifest.yaml"),
         startup_log_path=str(folder / "startup.log"),
@@ -75,13 +75,9 @@ def measure_probe(
         rep = f"rep{k}"
         traces = root / "traces" / cid / rep
         compile_trace_files(
-            condition=cid,
+            condition=condition,
             rep=rep,
             seed=trace_seed(int(config["campaign_seed"]), cid, rep),
-            rate=condition.rate,
-            sharing=condition.sharing,
-            prompt_tokens=condition.prompt_tokens,
-            duration_s=condition.duration_s,
             workload=config["workload"],
             tokenizer=str(config["tokenizer"]),
             trace_path=traces / "trace.parquet",

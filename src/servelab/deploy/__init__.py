@@ -1,9 +1,11 @@
 """servelab.deploy: backends that bring an engine up and run a trace against it.
 
-A backend differs only where it must: `deploy` writes the engine's start-up log (the shared parser
-and gate then confirm what it resolved), and `run` writes the run's artifacts (requests.parquet,
-scrape.parquet, run.json) to the shared schemas. The two live backends measure through one
-function, servelab.deploy.measure.measure_live.
+A backend differs only where it must: `deploy` brings the engine up, writes its start-up log and
+returns it (`Deployed`), and `run` writes the run's artifacts (requests.parquet, scrape.parquet,
+run.json) to the shared schemas. No backend gates: the campaign parses the start-up log with the
+one parser and gates it (servelab.campaign.deploy.gate), and passes that gate in (`Gate`,
+`RunRequest.gate`) where a backend brings an engine up again by itself. The two live backends
+measure through one function, servelab.deploy.measure.measure_live.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servelab.deploy.backend import Backend, RunRequest
+from servelab.deploy.backend import Backend, Deployed, Gate, RunRequest
 from servelab.grid.settings import KubernetesSettings
 
-__all__ = ["BACKENDS", "Backend", "RunRequest", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "Deployed", "Gate", "RunRequest", "get_backend"]
 
 BACKENDS = ("sim", "local", "kubernetes")
 

@@ -8,6 +8,11 @@ binary. The model is the seeded tiny Llama-3-tokenizer GGUF of `servelab.deploy.
 Only what a deployment cannot carry in its flags is added here: the model file (a machine-local
 path, so never part of a measurement's identity; its SHA-256 is recorded instead), the address,
 and `--metrics`, without which the backend has nothing to scrape.
+
+`LlamaServerProcess` is one llama-server a benchmark, a tool or a test holds while it works: started
+on a free port of 127.0.0.1 with the given flags, its output in the given log, waited for on
+/health (bounded), and stopped by its PID, then its process group. (The local backend's servers
+are detached and found again from their state files: `servelab.deploy.local`.)
 """
 
 from __future__ import annotations
@@ -15,11 +20,22 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from servelab.deploy.processes import (
+    HOST,
+    free_port,
+    start_logged,
+    stop_process,
+    tail,
+    wait_healthy,
+)
+
 __all__ = [
     "LLAMA_CPP_PYTHON_VERSION",
+    "LlamaServerProcess",
     "build_script",
     "file_sha256",
     "llama_server_binary",
@@ -98,3 +114,79 @@ def server_command(
     if "--metrics" not in command:
         command.append("--metrics")
     return command
+
+
+class LlamaServerProcess:
+    """One llama-server on 127.0.0.1 serving `model_path` with `flags` (`server_command`), on
+    `port` or a free one, its output (stderr only, without `stdout_to_log`) written to `log_path`.
+
+    As a context manager it starts the server and waits until GET /health answers 200 (llama-server
+    answers 503 while it loads the model), at most `start_timeout_s` (LocalError, with the log's
+    tail, if it exits or does not answer by then), and stops it on exit. `start`, `wait_healthy`
+    and `stop` do each step alone; `command` may be changed before `start` (pinned to cores, say).
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        *,
+        model_path: str | os.PathLike[str],
+        flags: Sequence[str],
+        log_path: str | os.PathLike[str],
+        port: int | None = None,
+        start_timeout_s: float = 120.0,
+        stop_timeout_s: float = 15.0,
+        stdout_to_log: bool = True,
+    ) -> None:
+        self.binary = binary
+        self.port = port or free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.command = server_command(
+            binary, model_path=model_path, flags=flags, host=HOST, port=self.port
+        )
+        self.log_path = Path(log_path)
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.stdout_to_log = stdout_to_log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "llama-server not started"
+        return self.proc.pid
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start the server (a process group of its own); do not wait for it."""
+        self.proc = start_logged(self.command, self.log_path, stdout_to_log=self.stdout_to_log)
+        return self.proc
+
+    def wait_healthy(self, timeout_s: float | None = None) -> None:
+        """Return once /health answers 200 (bounded by `timeout_s`, else `start_timeout_s`)."""
+        assert self.proc is not None, "llama-server not started"
+        wait_healthy(
+            self.url,
+            self.proc,
+            timeout_s=self.start_timeout_s if timeout_s is None else timeout_s,
+            log_path=self.log_path,
+            what="llama-server",
+        )
+
+    def stop(self) -> None:
+        """Stop it by its PID, then its process group (`processes.stop_process`); bounded."""
+        if self.proc is not None:
+            stop_process(self.proc, self.stop_timeout_s)
+
+    def log_tail(self, lines: int = 20) -> str:
+        return tail(self.log_path, lines)
+
+    def __enter__(self) -> LlamaServerProcess:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -13,9 +13,10 @@ recorded in `results/deployments/{id}/local.json`, its output in `server.log` be
 simulated server writes the engine's start-up log to the deployment's `startup.log` itself; for a
 real server the backend copies its own output up to the line that shows it ready. The shared
 parser and gate then read `startup.log`, as on every backend. One Prometheus
-serves every deployment of a results folder (`results/deployments/_prometheus/`: generated config,
-its own data directory, a free port); each server is a file-discovered target labelled with its
-deployment id, scraped every second.
+serves every deployment of a results folder (`servelab.deploy.local_prometheus`:
+`results/deployments/_prometheus/`, generated config, its own data directory, a free port); each
+server is a file-discovered target labelled with its deployment id, scraped every second. The
+processes are started, found again and stopped by PID through `servelab.deploy.processes`.
 
 `run` makes sure the deployment's server is up (restarting it if it died or if the run needs other
 settings), stops the other deployments' servers (one engine at a time), waits until Prometheus
@@ -33,19 +34,14 @@ started for a results folder.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shlex
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +49,30 @@ import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
 from servelab.deploy import sglang_cpu, vllm_cpu
-from servelab.deploy.backend import RunRequest
+from servelab.deploy.backend import Deployed, RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
+from servelab.deploy.local_prometheus import (
+    SCRAPE_INTERVAL_S,
+    ensure_prometheus,
+    prometheus_pid,
+    stop_prometheus,
+    wait_target_up,
+    write_target,
+)
 from servelab.deploy.machine_load import LoadWatch, descendants
 from servelab.deploy.measure import LiveTarget, measure_live
+from servelab.deploy.processes import (
+    HOST,
+    LocalError,
+    alive,
+    free_port,
+    group_members,
+    port_free,
+    read_state,
+    spawn,
+    tail,
+    terminate,
+)
 from servelab.deploy.tiny_model import (
     TinyModelSpec,
     ensure_tiny_hf_model,
@@ -73,69 +89,17 @@ from servelab.workload.tokenizer import DEFAULT_TOKENIZER
 __all__ = [
     "LocalBackend",
     "LocalError",
-    "ensure_prometheus",
-    "prometheus_binary",
     "stop_all",
     "stop_deployment",
 ]
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
-SCRAPE_INTERVAL_S = 1.0
 SERVER_START_TIMEOUT_S = 180.0
-PROMETHEUS_START_TIMEOUT_S = 60.0
-TARGET_UP_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
 ENGINE_WATCH_S = 0.5  # how often a real server's process is checked during a run
-PROMETHEUS_DIR = "_prometheus"
-
-# Processes started by this Python process, so they can be reaped (no zombies) when stopped.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class LocalError(RuntimeError):
-    """A local process could not be started, reached or stopped; the message says which and why."""
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _alive(pid: int | None, marker: str) -> bool:
-    """True if `pid` runs and its command line contains `marker` (guards against pid reuse)."""
-    if not pid:
-        return False
-    child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        _CHILDREN.pop(pid, None)
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    if state in ("Z", "X"):
-        return False
-    # While `taskset` execs a pinned server, the command line reads empty for an instant: a child
-    # of this process that is still running is the one it started.
-    return marker in cmdline or (not cmdline.strip() and child is not None)
+# --------------------------------------------------------------------------- pinning
 
 
 def _local_settings(deployment: Mapping[str, Any]) -> LocalSettings:
@@ -155,253 +119,6 @@ def _affinity(cpus: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def pinned(cmd: list[str], cpus: Sequence[int]) -> list[str]:
-    """`cmd` run on `cpus` only (util-linux `taskset`; its children inherit the mask), or as it
-    is when no cores are named."""
-    if not cpus:
-        return list(cmd)
-    return ["taskset", "--cpu-list", ",".join(str(c) for c in cpus), *cmd]
-
-
-def _spawn(
-    cmd: list[str],
-    log_path: Path,
-    env: Mapping[str, str] | None = None,
-    cpus: Sequence[int] = (),
-) -> int:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(  # detached: outlives the job that deployed it
-            pinned(cmd, cpus),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-        )
-    _CHILDREN[proc.pid] = proc
-    return proc.pid
-
-
-def _kill_group(pgid: int) -> None:
-    """SIGKILL what is left of the process group a server led, and wait (bounded) until it is
-    gone. The server was started as a session of its own, so the group's id is its pid, and Linux
-    gives no new process a pid that is still a live group's id: only what that server started
-    (vLLM's engine core and worker) is in it, even after the server itself has died."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    for _ in range(100):  # bounded: 5 s
-        if not group_members(pgid):
-            return
-        time.sleep(0.05)
-
-
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group `pgid`: zombies (dead, waiting for a parent to reap
-    them, which an init that does not reap never does) are not counted."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _terminate(pid: int | None, marker: str, *, kill: bool = False) -> bool:
-    """Stop `pid` (SIGTERM, then SIGKILL after STOP_TIMEOUT_S; SIGKILL at once with `kill`), then
-    what is left of its process group; False when the server was not running (its group, if any
-    is left, is stopped all the same)."""
-    if not _alive(pid, marker):
-        # the server died on its own (a crash, a kill): its orphans keep its group, whose id no
-        # new process can take while they live. A live process under that pid is another's.
-        if pid and not Path(f"/proc/{pid}").exists():
-            _kill_group(pid)
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _alive(pid, marker) and time.monotonic() < deadline:
-        _reap(pid)
-        time.sleep(0.05)
-    if _alive(pid, marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        for _ in range(100):  # bounded
-            _reap(pid)
-            if not _alive(pid, marker):
-                break
-            time.sleep(0.05)
-    _reap(pid)
-    _kill_group(pid)
-    return True
-
-
-def _reap(pid: int) -> None:
-    child = _CHILDREN.get(pid)
-    if child is not None and child.poll() is not None:
-        _CHILDREN.pop(pid, None)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _read_state(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-# --------------------------------------------------------------------------- Prometheus
-
-
-def prometheus_binary() -> str | None:
-    """The Prometheus server binary (Debian package `prometheus`), or None if not installed."""
-    return os.environ.get("SERVELAB_PROMETHEUS") or shutil.which("prometheus")
-
-
-def _prometheus_config(targets_dir: Path) -> str:
-    return (
-        "# Generated by servelab's local backend: scrape every local sim server.\n"
-        "global:\n"
-        f"  scrape_interval: {SCRAPE_INTERVAL_S:g}s\n"
-        f"  scrape_timeout: {SCRAPE_INTERVAL_S:g}s\n"
-        "  evaluation_interval: 15s\n"
-        "scrape_configs:\n"
-        "  - job_name: servelab-local\n"
-        "    metrics_path: /metrics\n"
-        "    file_sd_configs:\n"
-        f"      - files: ['{targets_dir}/*.json']\n"
-        "        refresh_interval: 1s\n"
-    )
-
-
-def ensure_prometheus(deployments_root: str | os.PathLike[str], cpus: Sequence[int] = ()) -> str:
-    """Start (or find running) the results folder's Prometheus, on `cpus` when named (the
-    client's cores: servelab.deploy.machine_load); return its base URL."""
-    root = Path(deployments_root).resolve() / PROMETHEUS_DIR
-    state_path = root / "prometheus.json"
-    config_path = root / "prometheus.yml"
-    state = _read_state(state_path)
-    if state and _alive(state.get("pid"), str(config_path)):
-        url = state["url"]
-        if list(state.get("cpus", [])) != list(cpus):
-            # started on other cores (a config that pins, after one that did not): restart it on
-            # these, so the run's CPU accounting knows where it runs
-            _terminate(int(state["pid"]), str(config_path))
-        elif _ready(url):
-            return str(url)
-    binary = prometheus_binary()
-    if binary is None:
-        raise LocalError(
-            "the local backend needs a Prometheus server: install the Debian package "
-            "(apt-get install -y prometheus) or set SERVELAB_PROMETHEUS to its binary"
-        )
-    targets = root / "targets"
-    targets.mkdir(parents=True, exist_ok=True)
-    write_text(config_path, _prometheus_config(targets))
-    port = _free_port()
-    url = f"http://{HOST}:{port}"
-    cmd = [
-        binary,
-        f"--config.file={config_path}",
-        f"--storage.tsdb.path={root / 'data'}",
-        f"--web.listen-address={HOST}:{port}",
-        "--storage.tsdb.retention.time=30d",
-        "--log.level=warn",
-    ]
-    pid = _spawn(cmd, root / "prometheus.log", cpus=cpus)
-    write_json(
-        state_path, {"pid": pid, "port": port, "url": url, "command": cmd, "cpus": list(cpus)}
-    )
-    deadline = time.monotonic() + PROMETHEUS_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not _alive(pid, str(config_path)):
-            raise LocalError(f"Prometheus exited at start-up:\n{_tail(root / 'prometheus.log')}")
-        if _ready(url):
-            log.info("Prometheus ready at %s (pid %d)", url, pid)
-            return url
-        time.sleep(0.2)
-    _terminate(pid, str(config_path))
-    raise LocalError(f"Prometheus not ready within {PROMETHEUS_START_TIMEOUT_S:g} s at {url}")
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/-/ready", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _write_target(
-    deployments_root: Path, deployment_id: str, engine: str, port: int | None
-) -> None:
-    path = deployments_root.resolve() / PROMETHEUS_DIR / "targets" / f"{deployment_id}.json"
-    if port is None:
-        path.unlink(missing_ok=True)
-        return
-    groups = [
-        {"targets": [f"{HOST}:{port}"], "labels": {"deployment": deployment_id, "engine": engine}}
-    ]
-    write_json(path, groups)
-
-
-def wait_target_up(
-    prometheus_url: str,
-    deployment_id: str,
-    since_unix_s: float,
-    timeout_s: float = TARGET_UP_TIMEOUT_S,
-) -> None:
-    """Wait until Prometheus has scraped the deployment's server successfully after `since`."""
-    deadline = time.monotonic() + timeout_s
-    last = "not discovered yet"
-    while time.monotonic() < deadline:
-        try:
-            body = httpx.get(
-                f"{prometheus_url}/api/v1/targets", params={"state": "active"}, timeout=5.0
-            ).json()
-            for target in body["data"]["activeTargets"]:
-                if target["labels"].get("deployment") != deployment_id:
-                    continue
-                last = f"health {target['health']} {target.get('lastError', '')}".strip()
-                scraped = _parse_rfc3339(target.get("lastScrape", ""))
-                if target["health"] == "up" and scraped is not None and scraped > since_unix_s:
-                    return
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.25)
-    raise LocalError(
-        f"Prometheus {prometheus_url} did not scrape deployment {deployment_id} within "
-        f"{timeout_s:g} s ({last})"
-    )
-
-
-def _parse_rfc3339(text: str) -> float | None:
-    if not text or text.startswith("0001-"):
-        return None
-    head, _, frac = text.partition(".")
-    zone = "Z"
-    if frac:
-        digits = "".join(ch for ch in frac if ch.isdigit())
-        zone = frac[len(digits) :] or "Z"
-        text = f"{head}.{digits[:6]}{zone}"
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # --------------------------------------------------------------------------- servers
@@ -429,10 +146,10 @@ def _serves_real(engine: str, gpu_name: str) -> bool:
 
 def stop_deployment(deployment_dir: str | os.PathLike[str], *, kill: bool = False) -> bool:
     """Stop the deployment's server if it runs; True if something was stopped."""
-    state = _read_state(Path(deployment_dir) / "local.json")
+    state = read_state(Path(deployment_dir) / "local.json")
     if not state:
         return False
-    stopped = _terminate(state.get("pid"), _server_marker(state), kill=kill)
+    stopped = terminate(state.get("pid"), _server_marker(state), kill=kill)
     if stopped:
         log.info(
             "stopped server of deployment %s (pid %s)", state.get("deployment_id"), state.get("pid")
@@ -447,16 +164,12 @@ def stop_all(results_dir: str | os.PathLike[str]) -> list[str]:
     root = Path(results_dir)
     stopped: list[str] = []
     for state_path in sorted(root.rglob("local.json")):
-        state = _read_state(state_path) or {}
+        state = read_state(state_path) or {}
         if stop_deployment(state_path.parent):
             stopped.append(f"server {state_path.parent.name} (pid {state.get('pid')})")
         if state.get("deployment_id"):
-            _write_target(state_path.parent.parent, str(state["deployment_id"]), "", None)
-    for state_path in sorted(root.rglob(f"{PROMETHEUS_DIR}/prometheus.json")):
-        prom_state = _read_state(state_path)
-        config_path = (state_path.parent / "prometheus.yml").resolve()
-        if prom_state and _terminate(prom_state.get("pid"), str(config_path)):
-            stopped.append(f"prometheus (pid {prom_state['pid']})")
+            write_target(state_path.parent.parent, str(state["deployment_id"]), "", None)
+    stopped += stop_prometheus(root)
     return stopped
 
 
@@ -601,11 +314,11 @@ class LocalBackend:
     ) -> dict[str, Any]:
         """(Re)start the deployment's server and wait until it answers; returns its state."""
         deployment_dir.mkdir(parents=True, exist_ok=True)
-        previous = _read_state(deployment_dir / "local.json") or {}
+        previous = read_state(deployment_dir / "local.json") or {}
         stop_deployment(deployment_dir, kill=True)
         if port is None:
             old = previous.get("port")
-            port = old if old and _port_free(int(old)) else _free_port()
+            port = old if old and port_free(int(old)) else free_port()
         node_id = previous.get("node_id") if previous and not new_node else None
         state: dict[str, Any] = {
             "deployment_id": deployment["deployment_id"],
@@ -637,14 +350,14 @@ class LocalBackend:
         # A real server's start-up log is its own output from this start on.
         state["server_log_offset"] = server_log.stat().st_size if server_log.is_file() else 0
         state["cpus"] = list(_local_settings(deployment).engine_cpus)
-        state["pid"] = _spawn(cmd, server_log, env, cpus=state["cpus"])
+        state["pid"] = spawn(cmd, server_log, env, cpus=state["cpus"])
         state["started_unix_s"] = time.time()
         state["command"] = vllm_cpu.describe(cmd, env) if env else shlex.join(cmd)
         write_json(deployment_dir / "local.json", state)
         self._wait_server(state)
         if state["real_server"]:
             self._copy_startup_log(state, deployment)
-        _write_target(deployment_dir.parent, state["deployment_id"], state["engine"], state["port"])
+        write_target(deployment_dir.parent, state["deployment_id"], state["engine"], state["port"])
         log.info(
             "deployment %s: server up at %s (pid %d, node %s)",
             state["deployment_id"],
@@ -659,19 +372,19 @@ class LocalBackend:
         marker = _server_marker(state)
         url = state["base_url"]
         while time.monotonic() < deadline:
-            if not _alive(state["pid"], marker):
+            if not alive(state["pid"], marker):
                 raise LocalError(
                     f"deployment {state['deployment_id']}: the server exited at start-up; "
-                    f"{state['server_log']} ends with:\n{_tail(Path(state['server_log']))}"
+                    f"{state['server_log']} ends with:\n{tail(Path(state['server_log']))}"
                 )
             if self._answers(state, url):
                 return
             time.sleep(0.2)
-        _terminate(state["pid"], marker, kill=True)
+        terminate(state["pid"], marker, kill=True)
         raise LocalError(
             f"deployment {state['deployment_id']}: server not up within "
             f"{self.server_start_timeout_s:g} s; {state['server_log']}:\n"
-            f"{_tail(Path(state['server_log']))}"
+            f"{tail(Path(state['server_log']))}"
         )
 
     @staticmethod
@@ -706,7 +419,7 @@ class LocalBackend:
 
     def _identity(self, deployment_dir: Path) -> dict[str, Any]:
         """(hostname, node id, instance id) from the server, else as last started (server down)."""
-        state = _read_state(deployment_dir / "local.json") or {}
+        state = read_state(deployment_dir / "local.json") or {}
         node_id, instance_id = state.get("node_id"), state.get("instance_id")
         if state.get("real_server"):
             # A real server knows no ids of ours: the instance is the process we started (a
@@ -723,8 +436,9 @@ class LocalBackend:
 
     def deploy(
         self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
-    ) -> None:
-        """Start the deployment's server (fresh) and Prometheus; the server writes the start-up log."""
+    ) -> Deployed:
+        """Start the deployment's server (fresh) and Prometheus; the server writes the start-up log,
+        returned with the server's pid, URL and node id."""
         del manifest_path  # the simulated engine is configured from the same flags
         deployment_dir = Path(startup_log_path).parent
         ensure_prometheus(deployment_dir.parent)
@@ -732,14 +446,20 @@ class LocalBackend:
         engine, flags = str(deployment["engine"]), [str(f) for f in deployment["flags"]]
         probe_flags = startup_log_flags(engine, flags)
         if probe_flags != flags and _serves_real(engine, str(self.gpu["name"])):
-            self._probe_then_start(deployment, deployment_dir, probe_flags, Path(startup_log_path))
+            state = self._probe_then_start(
+                deployment, deployment_dir, probe_flags, Path(startup_log_path)
+            )
         else:
-            self.start_server(deployment, deployment_dir, startup_log=Path(startup_log_path))
+            state = self.start_server(
+                deployment, deployment_dir, startup_log=Path(startup_log_path)
+            )
         if not Path(startup_log_path).is_file():
             raise LocalError(
                 f"deployment {deployment['deployment_id']}: the server wrote no "
                 f"start-up log to {startup_log_path}"
             )
+        facts = {k: state[k] for k in ("pid", "base_url", "node_id")}
+        return Deployed.read(startup_log_path, facts)
 
     def _probe_then_start(
         self,
@@ -747,12 +467,12 @@ class LocalBackend:
         deployment_dir: Path,
         probe_flags: list[str],
         startup_log: Path,
-    ) -> None:
+    ) -> dict[str, Any]:
         """Start the engine once with `probe_flags` for the start-up log the gate reads
         (`EngineSpec.startup_probe`: llama-server prints n_batch only at a verbosity that slows
         every task), stop it, then start the measured server with the deployment's own flags. Its
         own start-up log (server-startup.log) must show the same configuration as the probe's,
-        verbosity aside, or the deployment is refused."""
+        verbosity aside, or the deployment is refused. Returns the measured server's state."""
         engine = str(deployment["engine"])
         probe = self.start_server(
             {**deployment, "flags": probe_flags}, deployment_dir, startup_log=startup_log
@@ -761,7 +481,7 @@ class LocalBackend:
             raise LocalError(
                 f"deployment {deployment['deployment_id']}: the start-up probe (pid "
                 f"{probe['pid']}) exited before it was stopped; {probe['server_log']}:\n"
-                f"{_tail(Path(probe['server_log']))}"
+                f"{tail(Path(probe['server_log']))}"
             )
         measured = self.start_server(deployment, deployment_dir, port=int(probe["port"]))
         shown = {
@@ -776,6 +496,7 @@ class LocalBackend:
                 f"({measured['startup_log']}) and the start-up probe's ({startup_log}) show "
                 f"different configurations: {differ}"
             )
+        return measured
 
     def run(self, request: RunRequest) -> dict[str, Any]:
         deployment = request.deployment
@@ -794,10 +515,10 @@ class LocalBackend:
         for other in sorted(deployments_root.glob("*/local.json")):
             if other.parent != deployment_dir:
                 stop_deployment(other.parent)
-        state = _read_state(deployment_dir / "local.json")
+        state = read_state(deployment_dir / "local.json")
         if (
             not state
-            or not _alive(state.get("pid"), _server_marker(state))
+            or not alive(state.get("pid"), _server_marker(state))
             or state.get("tokenizer") != tokenizer
             or int(state.get("stream_interval", DispatchSettings.stream_interval))
             != stream_interval
@@ -813,19 +534,19 @@ class LocalBackend:
                 deployment, deployment_dir, tokenizer=tokenizer, stream_interval=stream_interval
             )
         else:
-            _write_target(
+            write_target(
                 deployments_root, deployment["deployment_id"], deployment["engine"], state["port"]
             )
         wait_target_up(prometheus_url, deployment["deployment_id"], since_unix_s=time.time())
 
         actions, reclaim_reason = self._fault_actions(request, deployment, deployment_dir)
 
-        prometheus_state = _read_state(deployments_root / PROMETHEUS_DIR / "prometheus.json") or {}
+        prometheus = prometheus_pid(deployments_root)
 
-        def owned() -> dict[str, list[int]]:
+        def owned() -> dict[str, Iterable[int]]:
             client = descendants(os.getpid())
-            if prometheus_state.get("pid"):
-                client.append(int(prometheus_state["pid"]))
+            if prometheus:
+                client.append(prometheus)
             return {"engine": group_members(int(state["pid"])), "client": client}
 
         watch = LoadWatch(
@@ -880,7 +601,7 @@ class LocalBackend:
         pid, marker = state["pid"], _server_marker(state)
 
         def exited() -> str | None:
-            if _alive(pid, marker):
+            if alive(pid, marker):
                 return None
             return f"the engine's server process (pid {pid}) exited during the run"
 
@@ -904,7 +625,7 @@ class LocalBackend:
                 )
 
                 def reclaim(at_s: float = at_s) -> None:
-                    state = _read_state(deployment_dir / "local.json") or {}
+                    state = read_state(deployment_dir / "local.json") or {}
                     self.start_server(
                         deployment,
                         deployment_dir,

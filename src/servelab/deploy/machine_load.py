@@ -112,7 +112,7 @@ def foreign_share(
     capacity = window * len(cpus) * CLOCK_TICKS
     busy = sum(last.busy.get(c, 0) - first.busy.get(c, 0) for c in cpus)
     before, after = first.owned.get(role, {}), last.owned.get(role, {})
-    owned = sum(ticks - before.get(pid, 0) for pid, ticks in after.items())
+    owned: float = sum(ticks - before.get(pid, 0) for pid, ticks in after.items())
     # A process that ended in the window: its whole lifetime is in the reaped total, its ticks
     # before the window are not the window's.
     owned += last.reaped.get(role, 0.0) - first.reaped.get(role, 0.0)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import jinja2.meta
@@ -306,8 +306,9 @@ def render_deployment(
             text = env.get_template(template).render(**context)
         except jinja2.TemplateNotFound as exc:
             raise ManifestError(
-                f"template {exc.name!r} not found under {env.loader.searchpath}"
-            ) from exc  # type: ignore[union-attr]
+                f"template {exc.name!r} not found under "
+                f"{cast(jinja2.FileSystemLoader, env.loader).searchpath}"
+            ) from exc
         _check_document(text, file_name)
         out[file_name] = text
     return out

@@ -1,5 +1,10 @@
 """Node identity and Spot reclamation detection (study §3.2, §5.4).
 
+This module owns what a node and an engine pod *are* across a run: reading their identity
+(`node_identity` from API objects; `observe` from the cluster, servelab.deploy.kube_cluster) and
+telling a reclamation from it (`detect_reclamation`; `reclamation` and `node_change`, the tests the
+kubernetes backend gives a run at its end and during it).
+
 A run records the identity of the GPU node and of the engine pod at its start and at its end.
 `detect_reclamation(start, end)` compares the two and names what changed. On GKE a reclaimed Spot
 VM is usually recreated by its managed instance group *under the same instance name*, so the node
@@ -33,14 +38,20 @@ GKE's `cloud.google.com/impending-node-termination` taint, set when a Spot VM is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from servelab.deploy.kube_cluster import KubeCluster
 
 __all__ = [
     "IDENTITY_KEYS",
     "SPOT_LABELS",
     "TERMINATION_TAINTS",
     "detect_reclamation",
+    "node_change",
     "node_identity",
+    "observe",
+    "reclamation",
 ]
 
 SPOT_LABELS = ("cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible")
@@ -78,7 +89,9 @@ def _as_dict(obj: Any) -> dict[str, Any]:
         # here: the client takes half a second to import, and only its models need it).
         from kubernetes.client import ApiClient
 
-        return ApiClient().sanitize_for_serialization(obj)
+        # the client's serialiser is unannotated (returns the JSON-shaped dict for a model)
+        as_json: dict[str, Any] = ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return as_json
     raise TypeError(f"expected a Kubernetes API object or a mapping, got {type(obj).__name__}")
 
 
@@ -162,3 +175,51 @@ def detect_reclamation(start: Mapping[str, Any], end: Mapping[str, Any]) -> str 
     if a is not None and b is not None and b != a:
         return f"engine container restarted during the run: restartCount {a} -> {b}"
     return None
+
+
+def observe(
+    cluster: KubeCluster,
+    deployment_id: str | None = None,
+    *,
+    pod: Mapping[str, Any] | None = None,
+    container: str | None = None,
+) -> dict[str, Any]:
+    """Identity of the engine pod and its node now, read from the cluster.
+
+    `deployment_id` None means the one servelab engine deployment of the namespace. With no
+    engine pod at all the result has `pod_gone: true` and no node fields.
+    """
+    if deployment_id is None:
+        deployment_id = cluster.current_deployment()
+    if pod is None and deployment_id is not None:
+        pod = cluster.engine_pod(deployment_id)
+    if pod is None:
+        ident = node_identity(None)
+        ident.pop("node_gone", None)
+        ident["pod_gone"] = True
+        return ident
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    node = cluster.read_node(node_name)
+    if container is None:
+        container = (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/name")
+    ident = node_identity(node, pod, container=container)
+    if node is None and not node_name:
+        ident.pop("node_gone", None)  # not scheduled yet: nothing is gone
+    return ident
+
+
+def reclamation(node: Mapping[str, Any], when: str = "at the end of the run") -> str | None:
+    """Why the run's node/pod changed, from the record's node.start / node.end (None if not)."""
+    start, end = node.get("start"), node.get("end")
+    if not isinstance(start, Mapping) or not isinstance(end, Mapping):
+        return None
+    if "error" in end:
+        return f"node identity unreadable {when} ({end['error']})"
+    if end.get("pod_gone"):
+        return f"the engine pod was gone {when}"
+    return detect_reclamation(start, end)
+
+
+def node_change(start: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
+    """The node watch's test during a run (servelab.dispatch.run.node_watch)."""
+    return reclamation({"start": start, "end": now}, when="during the run")

@@ -40,7 +40,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from servelab.artifacts import (
     RESTART_EVENTS,
@@ -48,19 +48,18 @@ from servelab.artifacts import (
     restart_phases,
     write_json,
 )
-from servelab.deploy.kube_api import (
+from servelab.deploy.kube_cluster import (
+    KubeCluster,
     KubernetesBackendError,
     api_seconds,
     event_time,
     pod_ready,
 )
 from servelab.deploy.manifests import load_rendered
-from servelab.deploy.node import detect_reclamation
-from servelab.grid.settings import KubernetesSettings
+from servelab.deploy.node import detect_reclamation, observe
 
 __all__ = [
     "RESTART_EVENTS",
-    "RestartBackend",
     "event_time",
     "phases",
     "restart_timeline",
@@ -68,40 +67,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class RestartBackend(Protocol):
-    """What the restart experiment needs of a backend (servelab.deploy.kubernetes has it all)."""
-
-    name: str
-    namespace: str
-    settings: KubernetesSettings
-
-    def engine_pod(self, deployment_id: str) -> dict[str, Any] | None: ...
-
-    def node_identity(
-        self,
-        deployment_id: str | None = None,
-        *,
-        pod: Mapping[str, Any] | None = None,
-        container: str | None = None,
-    ) -> dict[str, Any]: ...
-
-    def delete_engine_deployment(self, deployment_id: str) -> None: ...
-
-    def delete_pod(self, name: str) -> dict[str, Any]: ...
-
-    def wait_pod_deleted(self, name: str) -> float: ...
-
-    def wait_pods_gone(self, deployment_id: str, *, timeout_s: float | None = None) -> None: ...
-
-    def apply_object(self, obj: Mapping[str, Any]) -> tuple[str, datetime | None]: ...
-
-    def wait_ready(
-        self, deployment_id: str, *, container: str | None = None, timeout_s: float | None = None
-    ) -> dict[str, Any]: ...
-
-    def pod_events(self, pod_name: str) -> list[dict[str, Any]]: ...
 
 
 def _first(events: Sequence[Mapping[str, Any]], reason: str) -> Mapping[str, Any] | None:
@@ -144,9 +109,9 @@ def timeline_from_events(
     started = _first(events, "Started")
     if started is not None:
         times["container_started"], sources["container_started"] = (
-            event_time(started),
+            event_time(started),  # type: ignore[assignment]
             "Started event",
-        )  # type: ignore[assignment]
+        )
     else:
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             if container is None or status.get("name") == container:
@@ -192,14 +157,14 @@ def _rep_from_path(out_json: Path) -> str | None:
 
 
 def restart_timeline(
-    backend: RestartBackend,
+    cluster: KubeCluster,
     deployment_id: str,
     manifest_path: str | os.PathLike[str],
     out_json: str | os.PathLike[str],
     *,
     rep: str | None = None,
 ) -> dict[str, Any]:
-    """Run one restart of a Ready deployment and write its record to `out_json`.
+    """Run one restart of a Ready deployment on `cluster` and write its record to `out_json`.
 
     `rep` defaults to what the path says (`.../rep2/restart.json`, `.../restart2/restart.json`
     or `.../2.json`).
@@ -214,34 +179,34 @@ def restart_timeline(
         raise KubernetesBackendError(f"{manifest_path}: expected the Deployment {deployment_id}")
     labels = deployments[0]["metadata"].get("labels") or {}
     engine = labels.get("app.kubernetes.io/name")
-    old = backend.engine_pod(deployment_id)
+    old = cluster.engine_pod(deployment_id)
     if old is None or not pod_ready(old):
         raise KubernetesBackendError(
             f"deployment {deployment_id}: no Ready engine pod to restart (deploy it first)"
         )
     old_name = old["metadata"]["name"]
-    node_before = backend.node_identity(deployment_id, pod=old, container=engine)
+    node_before = observe(cluster, deployment_id, pod=old, container=engine)
 
     # Delete the Deployment (so nothing recreates the pod), then the pod itself.
-    backend.delete_engine_deployment(deployment_id)
-    meta = backend.delete_pod(old_name).get("metadata") or {}
+    cluster.delete_engine_deployment(deployment_id)
+    meta = cluster.delete_pod(old_name).get("metadata") or {}
     deletion = api_seconds(meta.get("deletionTimestamp"))
     if deletion is None:
         raise KubernetesBackendError(f"pod {old_name}: the API did not report its deletion time")
     deleted = deletion - float(meta.get("deletionGracePeriodSeconds") or 0)
-    terminated = backend.wait_pod_deleted(old_name)
-    backend.wait_pods_gone(deployment_id)
+    terminated = cluster.wait_pod_deleted(old_name)
+    cluster.wait_pods_gone(deployment_id)
 
     # Apply again and wait for the replacement to become Ready.
     reapplied: float | None = None
     for obj in objects:
-        line, when = backend.apply_object(obj)
+        line, when = cluster.apply_object(obj)
         log.info("%s", line)
         if obj["kind"] == "Deployment" and when is not None:
             reapplied = when.timestamp()
-    new = backend.wait_ready(deployment_id, container=engine)
+    new = cluster.wait_ready(deployment_id, container=engine)
     new_name = new["metadata"]["name"]
-    events = backend.pod_events(new_name)
+    events = cluster.pod_events(new_name)
     times, sources, extra, pull_message = timeline_from_events(events, new, engine)
     times["deleted"], sources["deleted"] = deleted, "deletionTimestamp - deletionGracePeriodSeconds"
     times["terminated"], sources["terminated"] = (
@@ -256,14 +221,14 @@ def restart_timeline(
             f"restart of {deployment_id}: {b} ({_iso(ordered[b])}) precedes {a} "
             f"({_iso(ordered[a])}); clocks disagree"
         )
-    node_after = backend.node_identity(deployment_id, pod=new, container=engine)
-    probe = backend.settings.readiness_probe
+    node_after = observe(cluster, deployment_id, pod=new, container=engine)
+    probe = cluster.settings.readiness_probe
     record = {
         "engine": engine,
         "rep": rep,
         "deployment_id": deployment_id,
-        "backend": backend.name,
-        "namespace": backend.namespace,
+        "backend": "kubernetes",
+        "namespace": cluster.namespace,
         "events": ordered,
         "events_utc": {k: _iso(v) for k, v in ordered.items()},
         "extra_events": {"reapplied": reapplied, **extra},

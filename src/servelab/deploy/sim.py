@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from servelab.deploy.backend import RunRequest
+from servelab.deploy.backend import Deployed, RunRequest
 from servelab.sim.cpu_platform import step_costs_from_config
 from servelab.sim.platform import PlatformModel
 from servelab.sim.run import sim_deploy, simulate_run_files
@@ -36,7 +36,7 @@ class SimBackend:
 
     def deploy(
         self, deployment: Mapping[str, Any], *, manifest_path: str, startup_log_path: str
-    ) -> None:
+    ) -> Deployed:
         del manifest_path  # nothing to apply: the simulator resolves from the same flags
         sim_deploy(
             engine=deployment["engine"],
@@ -49,6 +49,7 @@ class SimBackend:
             timestamp=SIM_STARTUP_TIME,
             step_costs=self.step_costs,
         )
+        return Deployed.read(startup_log_path)
 
     def run(self, request: RunRequest) -> dict[str, Any]:
         return simulate_run_files(

@@ -387,7 +387,8 @@ class Dispatcher:
             await self._clients.aclose()
         self._mark_unsent()
         if self.defer_token_counts:
-            sources, mismatches = {}, 0
+            sources: dict[str, int] = {}
+            mismatches = 0
         else:
             sources, mismatches = fill_token_counts(self._records.values(), self.count_tokens)
         ordered = [self._records[s.request_id] for s in self.warmup] + [
@@ -558,7 +559,7 @@ class Dispatcher:
         self._waker = fut
         handle = None
         if delay is not None:
-            handle = loop.call_later(delay, lambda: fut.done() or fut.set_result(None))
+            handle = loop.call_later(delay, lambda: None if fut.done() else fut.set_result(None))
         try:
             await fut
         finally:

@@ -53,7 +53,8 @@ def _exec_module(path: Path) -> dict[str, Any]:
             try:
                 exec(compile(ast.Module([node], []), str(path), "exec", dont_inherit=True), env)
             except Exception as exc:  # a class the CLI does not need
-                print(f"# skipped {node.name}: {exc}", file=sys.stderr)
+                # An Assign has no .name: this line would raise for one (left as it is).
+                print(f"# skipped {node.name}: {exc}", file=sys.stderr)  # type: ignore[union-attr]
     return env
 
 

@@ -73,7 +73,8 @@ def _human_readable_int(value: str) -> int:
         if suffix in "kmgt":
             return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
         try:
-            return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
+            binary: int = 2 ** (10 * ("KMGT".index(suffix) + 1))
+            return int(number) * binary
         except ValueError as exc:
             raise argparse.ArgumentTypeError(
                 f"Decimals are not allowed with binary suffixes like {suffix}."
@@ -131,7 +132,8 @@ def _sglang_human_readable_int(value: str) -> int:
                 raise argparse.ArgumentTypeError(
                     f"Decimals are not allowed with IEC suffixes like '{suffix}'."
                 )
-            return int(number) * 2 ** (10 * ("KMGT".index(suffix[0]) + 1))
+            iec: int = 2 ** (10 * ("KMGT".index(suffix[0]) + 1))
+            return int(number) * iec
         return int(Decimal(number) * 10 ** (3 * ("kMGT".index(suffix) + 1)))
     try:
         return int(value)

@@ -79,7 +79,7 @@ from servelab.engines.base import (
 )
 from servelab.engines.cmdline import parse_table
 from servelab.engines.logtext import LogLine, Reader
-from servelab.engines.spec import EngineSpec, LogFormat
+from servelab.engines.spec import EngineSpec, LogFormat, OpenAIDialect
 
 __all__ = [
     "SPEC",
@@ -740,4 +740,7 @@ SPEC = EngineSpec(
     stream_interval=1,
     render_startup_log=render_startup_log,
     startup_probe=startup_probe_flags,
+    # The live sim server's default dialect (SGLang 0.4.1's): llama-server's own OpenAI answers
+    # are not imitated (the local backend always runs the real binary).
+    openai=OpenAIDialect(),
 )

@@ -224,7 +224,7 @@ def _read(text: str, engine: str) -> ParsedLog:
     reader = spec.log.read(lines)
     reader.conflicts()
     ready, failure = readiness(lines, spec.log.ready)
-    config = {name: reader.values.get(name) for name in CONFIG_FIELDS}
+    config: dict[str, Any] = {name: reader.values.get(name) for name in CONFIG_FIELDS}
     facts = {k: reader.values[k] for k in spec.log.facts if k in reader.values}
     keep = set(CONFIG_FIELDS) | set(facts)
     return ParsedLog(

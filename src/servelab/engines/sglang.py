@@ -34,6 +34,8 @@ retractions appear only in its log ("Decode out of memory happened. #retracted_r
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,7 +59,7 @@ from servelab.engines.logtext import (
     token,
     tqdm_shards,
 )
-from servelab.engines.spec import EngineSpec, LogFormat
+from servelab.engines.spec import EngineSpec, LogFormat, OpenAIDialect
 
 __all__ = ["SPEC"]
 
@@ -115,13 +117,7 @@ def resolve(
     policy = a["schedule_policy"]
     if not prefix and policy in ("lpm", "dfs-weight"):
         policy = "fcfs"  # schedule_policy.py: the radix cache is disabled => FCFS
-    for dest, flag in (
-        ("max_prefill_tokens", "--max-prefill-tokens"),
-        ("max_running_requests", "--max-running-requests"),
-        ("max_total_tokens", "--max-total-tokens"),
-    ):
-        if a[dest] is not None and a[dest] <= 0:
-            raise ResolutionError(f"{flag}={a[dest]}: must be positive")
+    check_positive_counts(a)
     return ResolvedConfig(
         engine="sglang",
         version=version,
@@ -148,6 +144,18 @@ def resolve(
         flags=f.flags,
         rules=_rules(f, rule),
     )
+
+
+def check_positive_counts(a: Mapping[str, Any]) -> None:
+    """Refuse a non-positive prefill budget, running-request or total-token cap (both SGLang
+    families' `resolve`)."""
+    for dest, flag in (
+        ("max_prefill_tokens", "--max-prefill-tokens"),
+        ("max_running_requests", "--max-running-requests"),
+        ("max_total_tokens", "--max-total-tokens"),
+    ):
+        if a[dest] is not None and a[dest] <= 0:
+            raise ResolutionError(f"{flag}={a[dest]}: must be positive")
 
 
 def _rules(f: EngineFlags, chunk_rule: str) -> dict[str, str]:
@@ -209,14 +217,27 @@ RECORD = re.compile(
 FIELDS_SINCE_0_5 = (
     r"(?:weight_version|moe_runner_backend|gc_warning_threshold_secs|scheduler_recv_interval)"
 )
-# Messages (the part after the logger prefix) that only SGLang's start-up prints.
-MARKERS = (
-    re.compile(r"server_args=ServerArgs\("),
-    re.compile(r"max_total_num_tokens=\d+, "),
-    re.compile(r"The server is fired up and ready to roll!"),
-    re.compile(r"(?:Prefill|Decode) batch\. #"),
-    re.compile(r"Load weight begin\. avail mem="),
-    re.compile(r"Capture cuda graph begin\."),
+# Messages (the part after the logger prefix) that only SGLang's start-up prints, of every family
+# in one table (servelab's); each family's MARKERS names the ones its releases print (0.5's:
+# servelab.engines.sglang_v05.MARKERS).
+MARKER = {
+    "server_args": re.compile(r"server_args=ServerArgs\("),
+    # 0.5 prints the arguments as a dict too (srt/server_args.py, ServerArgs.__post_init__ logging)
+    "server_args_any": re.compile(r"server_args=(?:ServerArgs\(|\{'model_path': )"),
+    "max_total_tokens": re.compile(r"max_total_num_tokens=\d+, "),
+    "ready": re.compile(r"The server is fired up and ready to roll!"),
+    "batch": re.compile(r"(?:Prefill|Decode) batch\. #"),
+    "batch_any": re.compile(r"(?:Prefill|Decode) batch[.,] "),
+    "load_weight": re.compile(r"Load weight begin\. avail mem="),
+    "cuda_graph": re.compile(r"Capture cuda graph begin\."),
+    "kv_cache": re.compile(r"KV Cache is allocated\. "),
+    # a start-up that failed in the scheduler (managers/scheduler.py, entrypoints/engine.py)
+    "scheduler_exception": re.compile(r"Scheduler hit an exception: "),
+    "sigquit": re.compile(r"Received sigquit from a child process"),
+}
+MARKERS = tuple(
+    MARKER[name]
+    for name in ("server_args", "max_total_tokens", "ready", "batch", "load_weight", "cuda_graph")
 )
 MARKER_WORDS = re.compile(
     r"ServerArgs\(|max_total_num_tokens=|ready to roll| batch\. #|Load weight begin|"
@@ -247,7 +268,7 @@ def read_log(lines: list[LogLine]) -> Reader:
             if f := repr_field(body, "schedule_policy", r"'[\w-]+'"):
                 policy = f.group(1).strip("'")
                 if radix and radix.group(1) == "True" and policy in ("lpm", "dfs-weight"):
-                    note = (
+                    note: str | None = (
                         f"schedule_policy='{policy}' with disable_radix_cache=True: SGLang falls "
                         "back to fcfs (schedule_policy.py)"
                     )
@@ -365,76 +386,183 @@ def _sglang_server_args(r: ResolvedConfig, args: dict[str, Any]) -> str:
     return f"server_args=ServerArgs({body})"
 
 
-def render_startup_log(
-    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
+@dataclass(frozen=True)
+class StartupLogStyle:
+    """What an SGLang release family prints where its start-up logs differ; `render_log` prints
+    the rest the same for 0.4.1 and 0.5.23. One renderer for both families is servelab's (each
+    release prints its lines from its own server, model_runner.py and scheduler.py).
+
+    `engine` seeds the log's made-up numbers (pid, client port); `parsed` and `runtime_limits` are
+    the family's own. `rank_always`: scheduler lines carry ` TP0` whatever the tensor-parallel
+    size (0.4.1; 0.5's scheduler.py prefixes it only when tp > 1). `server_args` prints the
+    resolved server arguments. `weights_lines` are the messages once the weights are loaded,
+    before `Memory pool end`: (dtype, memory left after the weights, weights GiB, KV GiB, KV
+    tokens). `req_to_token_gib`, when the family counts it, is the request-to-token pool that
+    also comes out of the memory left. `captures_cuda_graph` tells whether CUDA graphs are
+    captured, `capture_lines` the raw lines between the capture's begin and end.
+    `pool_line` is the scheduler's `max_total_num_tokens=...` message, given the memory left.
+    `model_info_path` is the route the launcher's warm-up asks first; `prefill_line` is the
+    warm-up request's prefill batch message.
+    """
+
+    engine: str
+    parsed: Callable[[ResolvedConfig], EngineFlags]
+    runtime_limits: Callable[[ResolvedConfig, int], RuntimeLimits]
+    rank_always: bool
+    server_args: Callable[[ResolvedConfig, dict[str, Any]], str]
+    weights_lines: Callable[[str, float, float, float, int], list[str]]
+    req_to_token_gib: Callable[[ResolvedConfig, RuntimeLimits], float] | None
+    captures_cuda_graph: Callable[[ResolvedConfig, dict[str, Any]], bool]
+    capture_lines: Callable[[ResolvedConfig], list[str]]
+    pool_line: Callable[[ResolvedConfig, RuntimeLimits, float], str]
+    model_info_path: str
+    prefill_line: str
+
+
+def render_log(
+    style: StartupLogStyle,
+    r: ResolvedConfig,
+    kv_tokens: int,
+    weights_gib: float,
+    t0: datetime,
+    kv_bytes: int,
 ) -> list[str]:
-    args = dict(_parsed(r).args)
-    limits = runtime_limits(r, kv_tokens)
-    seed = token("sglang", *r.flags)
+    """An SGLang family's start-up log for a resolved configuration (`StartupLogStyle`)."""
+    args = dict(style.parsed(r).args)
+    limits = style.runtime_limits(r, kv_tokens)
+    seed = token(style.engine, *r.flags)
     lines: list[str] = []
 
     def log(offset_s: float, message: str, tp: bool = True) -> None:
         stamp = (t0 + timedelta(seconds=offset_s)).strftime("%Y-%m-%d %H:%M:%S")
-        lines.append(f"[{stamp}{' TP0' if tp else ''}] {message}")
+        rank = " TP0" if tp and (style.rank_always or r.tensor_parallel_size > 1) else ""
+        lines.append(f"[{stamp}{rank}] {message}")
 
     total_gib = r.gpu_memory_mib / 1024
     avail_begin = total_gib - CUDA_CONTEXT_GIB
     avail_weights = avail_begin - weights_gib
-    pool_rows = (
-        r.max_running_requests
-        if r.max_running_requests is not None
-        else min(max(int(limits.kv_capacity_tokens / r.context_len * 512), 2048), 4096)
-    ) + 1
-    req_to_token_gib = pool_rows * (r.context_len + 4) * 4 / (1 << 30)
     kv_gib = limits.kv_capacity_tokens * kv_bytes / (1 << 30)
-    avail_pool = avail_weights - kv_gib - req_to_token_gib
+    avail_pool = avail_weights - kv_gib
+    if style.req_to_token_gib is not None:
+        avail_pool -= style.req_to_token_gib(r, limits)
     dtype = TORCH_DTYPES.get(args["dtype"], "torch.bfloat16")
     host, port = args["host"], args["port"]
-    capture = [bs for bs in [1, 2, 4, *(8 * i for i in range(1, 21))] if bs <= r.cuda_graph_max_bs]
 
-    log(0, _sglang_server_args(r, args), tp=False)
+    log(0, style.server_args(r, args), tp=False)
     log(7, "Init torch distributed begin.")
     log(7, f"Load weight begin. avail mem={avail_begin:.2f} GB")
     log(8, "Using model weights format ['*.safetensors']")
     lines.extend(tqdm_shards(4, 8.0))
-    log(
-        16,
-        f"Load weight end. type=LlamaForCausalLM, dtype={dtype}, avail mem={avail_weights:.2f} GB",
-    )
+    for message in style.weights_lines(
+        dtype, avail_weights, weights_gib, kv_gib, limits.kv_capacity_tokens
+    ):
+        log(16, message)
     log(16, f"Memory pool end. avail mem={avail_pool:.2f} GB")
-    if not args["disable_cuda_graph"]:
+    if style.captures_cuda_graph(r, args):
         log(17, "Capture cuda graph begin. This can take up to several minutes.")
-        n = len(capture)
-        lines.append(f"100%|██████████| {n}/{n} [00:02<00:00,  {n / 2.0:.2f}it/s]")
+        lines.extend(style.capture_lines(r))
         log(19, "Capture cuda graph end. Time elapsed: 2.31 s")
-    log(
-        20,
-        f"max_total_num_tokens={limits.kv_capacity_tokens}, "
-        f"max_prefill_tokens={r.token_budget}, "
-        f"max_running_requests={limits.max_running_requests}, "
-        f"context_len={r.context_len}",
-    )
+    log(20, style.pool_line(r, limits, avail_pool))
     pid = 100 + int(seed[:4], 16) % 900
     log(20, f"INFO:     Started server process [{pid}]", tp=False)
     log(20, "INFO:     Waiting for application startup.", tp=False)
     log(20, "INFO:     Application startup complete.", tp=False)
     log(20, f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", tp=False)
     client = 40000 + int(seed[4:8], 16) % 20000
-    log(21, f'INFO:     127.0.0.1:{client} - "GET /get_model_info HTTP/1.1" 200 OK', tp=False)
     log(
         21,
-        "Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, cache hit rate: 0.00%, "
-        "token usage: 0.00, #running-req: 0, #queue-req: 0",
+        f'INFO:     127.0.0.1:{client} - "GET {style.model_info_path} HTTP/1.1" 200 OK',
+        tp=False,
     )
+    log(21, style.prefill_line)
     log(22, f'INFO:     127.0.0.1:{client + 8} - "POST /generate HTTP/1.1" 200 OK', tp=False)
     log(22, "The server is fired up and ready to roll!", tp=False)
     return lines
+
+
+def _weights_lines(
+    dtype: str, avail_weights: float, weights_gib: float, kv_gib: float, kv_tokens: int
+) -> list[str]:
+    return [
+        f"Load weight end. type=LlamaForCausalLM, dtype={dtype}, avail mem={avail_weights:.2f} GB"
+    ]
+
+
+def _req_to_token_gib(r: ResolvedConfig, limits: RuntimeLimits) -> float:
+    """The request-to-token pool: (max running requests + 1) rows of context_len + 4 int32s."""
+    pool_rows = (
+        r.max_running_requests
+        if r.max_running_requests is not None
+        else min(max(int(limits.kv_capacity_tokens / r.context_len * 512), 2048), 4096)
+    ) + 1
+    return pool_rows * (r.context_len + 4) * 4 / (1 << 30)
+
+
+def _capture_lines(r: ResolvedConfig) -> list[str]:
+    """The tqdm bar of the capture, one step per captured batch size."""
+    assert r.cuda_graph_max_bs is not None
+    capture = [bs for bs in [1, 2, 4, *(8 * i for i in range(1, 21))] if bs <= r.cuda_graph_max_bs]
+    n = len(capture)
+    return [f"100%|██████████| {n}/{n} [00:02<00:00,  {n / 2.0:.2f}it/s]"]
+
+
+def _pool_line(r: ResolvedConfig, limits: RuntimeLimits, avail_pool: float) -> str:
+    return (
+        f"max_total_num_tokens={limits.kv_capacity_tokens}, "
+        f"max_prefill_tokens={r.token_budget}, "
+        f"max_running_requests={limits.max_running_requests}, "
+        f"context_len={r.context_len}"
+    )
+
+
+STARTUP_LOG_STYLE = StartupLogStyle(
+    engine="sglang",
+    parsed=_parsed,
+    runtime_limits=runtime_limits,
+    rank_always=True,
+    server_args=_sglang_server_args,
+    weights_lines=_weights_lines,
+    req_to_token_gib=_req_to_token_gib,
+    captures_cuda_graph=lambda r, args: not args["disable_cuda_graph"],
+    capture_lines=_capture_lines,
+    pool_line=_pool_line,
+    model_info_path="/get_model_info",
+    prefill_line=(
+        "Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, cache hit rate: 0.00%, "
+        "token usage: 0.00, #running-req: 0, #queue-req: 0"
+    ),
+)
+
+
+def render_startup_log(
+    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
+) -> list[str]:
+    """SGLang 0.4.1's start-up log (`render_log` in its `STARTUP_LOG_STYLE`)."""
+    return render_log(STARTUP_LOG_STYLE, r, kv_tokens, weights_gib, t0, kv_bytes)
 
 
 # ------------------------------------------------------------------------------- the registry entry
 
 # A COMPLETE `ServerArgs(...)` line without any 0.5 field (a cut line tells no family).
 FAMILY_MARKS = (re.compile(rf"server_args=ServerArgs\((?!.*\b{FIELDS_SINCE_0_5}=).*\)$"),)
+
+# What the live sim server imitates of SGLang 0.4.1's OpenAI server.
+# sglang/srt/openai_api/adapter.py: v1_completions answers under the request's id (a uuid4 hex,
+# no prefix) and accepts stream_options without stream; its generate_stream_resp sends
+# finish_reason "" on non-final chunks and, with stream_options.include_usage (default false),
+# one final usage-only chunk with an id of its own (uuid.uuid4().hex), never usage on the other
+# chunks. sglang/srt/openai_api/protocol.py: CompletionResponseStreamChoice.matched_stop;
+# ModelCard has no max_model_len.
+OPENAI = OpenAIDialect(
+    request_id_prefix="",
+    stream_options_need_stream=False,
+    usage_by_default=False,
+    continuous_usage=False,
+    usage_chunk_own_id=True,
+    unfinished_finish_reason="",
+    stop_field="matched_stop",
+    models_max_model_len=False,
+)
 
 SPEC = EngineSpec(
     name="sglang",
@@ -469,4 +597,5 @@ SPEC = EngineSpec(
     metric_series=METRICS,
     entrypoint=("python3", "-m", "sglang.launch_server"),
     render_startup_log=render_startup_log,
+    openai=OPENAI,
 )

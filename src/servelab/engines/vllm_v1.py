@@ -70,6 +70,8 @@ METRIC_MAP and METRICS.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -89,7 +91,6 @@ from servelab.engines.logtext import (
     LogLine,
     Reader,
     dict_field,
-    field,
     token,
 )
 from servelab.engines.spec import EngineSpec, LogFormat
@@ -245,13 +246,17 @@ runtime_limits = vllm.runtime_limits
 
 # ------------------------------------------------------------------------------ start-up log
 
-MARKERS = (
-    re.compile(r"Initializing a V1 LLM engine \(v[^\s()]*\) with config:"),
-    re.compile(r"vLLM (?:API )?server version \S"),
-    re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=\d"),
-    re.compile(r"(?:GPU|CPU|XPU) KV cache size: [\d,]+ tokens"),
-    re.compile(r"non-default args: \{"),
-    re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on "),
+# V1's markers, from the one vLLM marker table (servelab.engines.vllm.MARKER).
+MARKERS = tuple(
+    vllm.MARKER[name]
+    for name in (
+        "v1_engine",
+        "server_version",
+        "chunked",
+        "kv_cache_size",
+        "non_default_args",
+        "starting_server",
+    )
 )
 MARKER_WORDS = re.compile(
     r"LLM engine|server version|Chunked prefill is enabled|KV cache size|non-default args|"
@@ -264,7 +269,7 @@ READY = re.compile(
 # Lines only V1 prints (V0's engine line reads "Initializing an LLM engine").
 FAMILY_MARKS = (
     re.compile(r"Initializing a V1 LLM engine \("),
-    re.compile(r"(?:GPU|CPU|XPU) KV cache size: [\d,]+ tokens"),
+    vllm.MARKER["kv_cache_size"],
 )
 _INTERESTING = re.compile(
     r"vLLM (?:API )?server version |Initializing a V1 |Chunked prefill is enabled |"
@@ -279,92 +284,97 @@ def _int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def read_log(lines: list[LogLine]) -> Reader:
-    r = Reader()
-    chunk_lines: list[tuple[LogLine, int]] = []
+# V1's engine line names chunking `enable_chunked_prefill` (0.33) or `chunked_prefill_enabled`;
+# its other fields are V0's.
+_ENGINE_FIELDS: tuple[vllm.EngineField, ...] = (
+    (
+        "chunked_prefill",
+        ("enable_chunked_prefill", "chunked_prefill_enabled"),
+        BOOL,
+        lambda v: v == "True",
+    ),
+    *vllm.ENGINE_FIELDS[1:],
+)
+
+
+@dataclass
+class _Seen:
+    """The lines of a start-up log whose values `read_log` concludes after reading every line."""
+
+    chunk_lines: list[tuple[LogLine, int]] = dataclass_field(default_factory=list)
     default_budget: tuple[LogLine, int] | None = None
     args_line: LogLine | None = None
-    args_body = ""
-    for line in lines:
-        msg = line.msg
-        if msg is None:
-            # The 0.33 logo is one record over several lines: its "version X" line has no prefix.
-            if (m := _LOGO_VERSION.search(line.text)) and not r.has("version"):
-                r.put("version", m.group(1), line)
-            continue
-        if not _INTERESTING.match(msg):
-            continue
-        if m := re.match(r"vLLM (?:API )?server version ([^\s,\x00]+)", msg):
-            r.put("version", m.group(1), line)
-        elif m := re.match(r"Initializing a V1 LLM engine \(v([^\s()]+)\) with config: (.*)$", msg):
-            r.put("version", m.group(1), line)
-            cfg = m.group(2)
-            for name, keys, pat, conv in (
-                (
-                    "chunked_prefill",
-                    ("enable_chunked_prefill", "chunked_prefill_enabled"),
-                    BOOL,
-                    lambda v: v == "True",
-                ),
-                ("prefix_caching", ("enable_prefix_caching",), BOOL, lambda v: v == "True"),
-                ("context_len", ("max_seq_len",), r"\d+", int),
-                ("tensor_parallel_size", ("tensor_parallel_size",), r"\d+", int),
-            ):
-                for key in keys:
-                    if f := field(cfg, key, pat):
-                        r.put(name, conv(f.group(1)), line)
-                        break
-        elif m := re.match(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.", msg):
-            chunk_lines.append((line, int(m.group(1))))
-        elif m := re.match(r"(Enabling|Disabling) chunked prefill by default", msg):
-            # DEBUG (arg_utils.py L2996): the default applied, the flag not given
-            r.put(
-                "chunked_prefill", m.group(1) == "Enabling", line, "the engine's default, applied"
-            )
-        elif m := re.match(r"Defaulting max_num_batched_tokens to (\d+) for (\w+) usage", msg):
-            default_budget = (line, int(m.group(1)))  # DEBUG (arg_utils.py L3172)
-        elif m := re.match(r"Defaulting max_num_seqs to (\d+) for (\w+) usage", msg):
-            r.put("max_num_seqs", int(m.group(1)), line, "the engine's default, applied")
-        elif m := re.match(r"non-default args: (\{.*)$", msg):
-            args_line, args_body = line, m.group(1)
-        elif m := re.match(r"(?:GPU|CPU|XPU) KV cache size: ([\d,]+) tokens", msg):
-            r.put("kv_cache_tokens", _int(m.group(1)), line)
-            if c := re.search(
-                r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", msg
-            ):
-                r.put("max_concurrency", float(c.group(2)), line)
-        elif m := re.match(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", msg):
-            r.put("max_concurrency", float(m.group(2)), line)
-        elif m := re.match(r"Using max model len (\d+)$", msg):
-            if not r.has("context_len"):
-                r.put("context_len", int(m.group(1)), line)
-        elif m := re.match(r"Model loading took ([\d.]+) GiB", msg):
-            r.put("weights_gib", float(m.group(1)), line)
+    args_body: str = ""
 
+
+def read_log(lines: list[LogLine]) -> Reader:
+    """The values a vLLM V1 start-up log shows (`vllm.scan_log` with V1's lines)."""
+    return vllm.scan_log(lines, _Seen(), _INTERESTING, _read_line, _conclude, _read_logo)
+
+
+def _read_logo(r: Reader, line: LogLine) -> None:
+    # The 0.33 logo is one record over several lines: its "version X" line has no prefix.
+    if (m := _LOGO_VERSION.search(line.text)) and not r.has("version"):
+        r.put("version", m.group(1), line)
+
+
+def _read_line(r: Reader, seen: _Seen, line: LogLine, msg: str) -> None:
+    """A V1 message's own values; the chunk, default-budget and args lines go to `seen`."""
+    if m := re.match(r"vLLM (?:API )?server version ([^\s,\x00]+)", msg):
+        r.put("version", m.group(1), line)
+    elif m := re.match(r"Initializing a V1 LLM engine \(v([^\s()]+)\) with config: (.*)$", msg):
+        r.put("version", m.group(1), line)
+        vllm.read_engine_fields(r, m.group(2), line, _ENGINE_FIELDS)
+    elif m := re.match(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)\.", msg):
+        seen.chunk_lines.append((line, int(m.group(1))))
+    elif m := re.match(r"(Enabling|Disabling) chunked prefill by default", msg):
+        # DEBUG (arg_utils.py L2996): the default applied, the flag not given
+        r.put("chunked_prefill", m.group(1) == "Enabling", line, "the engine's default, applied")
+    elif m := re.match(r"Defaulting max_num_batched_tokens to (\d+) for (\w+) usage", msg):
+        seen.default_budget = (line, int(m.group(1)))  # DEBUG (arg_utils.py L3172)
+    elif m := re.match(r"Defaulting max_num_seqs to (\d+) for (\w+) usage", msg):
+        r.put("max_num_seqs", int(m.group(1)), line, "the engine's default, applied")
+    elif m := re.match(r"non-default args: (\{.*)$", msg):
+        seen.args_line, seen.args_body = line, m.group(1)
+    elif m := re.match(r"(?:GPU|CPU|XPU) KV cache size: ([\d,]+) tokens", msg):
+        r.put("kv_cache_tokens", _int(m.group(1)), line)
+        if c := re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", msg):
+            r.put("max_concurrency", float(c.group(2)), line)
+    elif m := re.match(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", msg):
+        r.put("max_concurrency", float(m.group(2)), line)
+    elif m := re.match(r"Using max model len (\d+)$", msg):
+        if not r.has("context_len"):
+            r.put("context_len", int(m.group(1)), line)
+    elif m := re.match(r"Model loading took ([\d.]+) GiB", msg):
+        r.put("weights_gib", float(m.group(1)), line)
+
+
+def _conclude(r: Reader, seen: _Seen) -> None:
+    """The values that lines tell together: the chunk size, the explicit arguments."""
+    args_line = seen.args_line
     # A SchedulerConfig built before the arguments are read prints the chunk line too: only a
     # line after `non-default args:` (when the log has one) is this engine's.
-    own = [c for c in chunk_lines if args_line is None or c[0].no > args_line.no]
+    own = [c for c in seen.chunk_lines if args_line is None or c[0].no > args_line.no]
     if own:
         line, size = own[-1]
         if not r.has("chunked_prefill"):
             r.put("chunked_prefill", True, line)
         if r.values.get("chunked_prefill") is True:
             r.put("chunk_size", size, line)
-    elif default_budget is not None and r.values.get("chunked_prefill") is True:
+    elif seen.default_budget is not None and r.values.get("chunked_prefill") is True:
         # the budget vLLM defaulted to and printed; with chunked prefill on, it is the chunk size
-        line, size = default_budget
+        line, size = seen.default_budget
         r.put("chunk_size", size, line, "the engine's default budget, applied and printed")
     if args_line is not None:
-        if f := dict_field(args_body, "scheduling_policy", r"'[\w-]+'"):
+        if f := dict_field(seen.args_body, "scheduling_policy", r"'[\w-]+'"):
             r.put(
                 "schedule_policy",
                 f.group(1).strip("'"),
                 args_line,
                 "configured explicitly in the non-default args; vLLM schedules by it verbatim",
             )
-        if f := dict_field(args_body, "max_num_seqs", r"\d+"):
+        if f := dict_field(seen.args_body, "max_num_seqs", r"\d+"):
             r.put("max_num_seqs", int(f.group(1)), args_line, "configured explicitly")
-    return r
 
 
 # ----------------------------------------------------------------------------------- metrics
@@ -571,4 +581,7 @@ SPEC = EngineSpec(
     cpu_version=CPU_RELEASE,
     family_versions=">=0.8",
     release_flag_tables=FLAG_TABLES,
+    # The live sim server speaks vLLM 0.6.3's OpenAI dialect for this family too (servelab's
+    # choice; 0.33.0's own server is not imitated there).
+    openai=vllm.OPENAI,
 )

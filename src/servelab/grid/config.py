@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import yaml
@@ -25,7 +25,13 @@ from servelab.engines.registry import (
     engine_specs,
 )
 from servelab.engines.startup_log import startup_log_flags
-from servelab.grid.settings import DispatchSettings
+from servelab.grid.settings import (
+    STUDY_TABLE_CONDITIONS,
+    AnalysisSettings,
+    ConfigError,
+    DispatchSettings,
+    RequestSlo,
+)
 
 __all__ = [
     "ARMS",
@@ -56,13 +62,7 @@ __all__ = [
 ]
 
 ARMS = ("defaults", "matched")
-# The conditions the study's Tables 4-6 show (config `analysis.table_conditions` names others).
-STUDY_TABLE_CONDITIONS = ("rate-0.12", "rate-0.28", "length-8192")
 SWEEP_PARAMETER = {"rate": "rate", "sharing": "sharing", "length": "prompt_tokens"}
-
-
-class ConfigError(ValueError):
-    """Invalid configuration. The message names the key (as a path such as `conditions[2].rate`)."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def _schema_file() -> dict[str, Any]:
     text = (
         resources.files("servelab.grid").joinpath("config.schema.yaml").read_text(encoding="utf-8")
     )
-    return yaml.load(text, Loader=_YAML_LOADER)
+    return cast("dict[str, Any]", yaml.load(text, Loader=_YAML_LOADER))
 
 
 def _with_engines(node: Any, pattern: str) -> Any:
@@ -146,7 +146,7 @@ def _with_engines(node: Any, pattern: str) -> Any:
 def _schema() -> dict[str, Any]:
     """The config schema, its engine-keyed objects accepting exactly the registered engines."""
     pattern = "^(" + "|".join(re.escape(name) for name in engine_names()) + ")$"
-    return _with_engines(_schema_file(), pattern)
+    return cast("dict[str, Any]", _with_engines(_schema_file(), pattern))
 
 
 def _key_path(path: Any) -> str:
@@ -176,6 +176,37 @@ def validate_config(config: Mapping[str, Any]) -> None:
 
 
 def _check_references(config: Mapping[str, Any]) -> None:
+    """Raise ConfigError naming every cross-reference the schema cannot check: each named check
+    below adds its problems, in this order."""
+    seen = _condition_indices(config)
+    problems = [
+        *_check_conditions(config),
+        *_check_arms(config, seen),
+        *_check_client(config),
+        *_check_engines(config),
+        *_check_table_conditions(config, seen),
+        *_check_simulated_needs_preset(config),
+    ]
+    if config["backend"] == "kubernetes":
+        problems += _check_kubernetes(config)
+    if config["backend"] == "sim":
+        problems += _check_sim(config)
+    problems += _check_capacity(config)
+    problems += _check_tool_delay(config)
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def _condition_indices(config: Mapping[str, Any]) -> dict[str, int]:
+    """Each condition id and the index of its last definition under `conditions`."""
+    return {
+        condition_id(cond["sweep"], cond[SWEEP_PARAMETER[cond["sweep"]]]): i
+        for i, cond in enumerate(config["conditions"])
+    }
+
+
+def _check_conditions(config: Mapping[str, Any]) -> list[str]:
+    """Condition ids are unique, and each condition's σ leaves at least one unique suffix token."""
     problems: list[str] = []
     seen: dict[str, int] = {}
     for i, cond in enumerate(config["conditions"]):
@@ -190,32 +221,50 @@ def _check_references(config: Mapping[str, Any]) -> None:
             problems.append(
                 f"config key conditions[{i}].sharing: leaves no unique suffix at L={length}"
             )
+    return problems
+
+
+def _check_arms(config: Mapping[str, Any], seen: Mapping[str, int]) -> list[str]:
+    """Every condition an arm names exists, and every engine under an arm is defined under
+    `engines`."""
+    problems: list[str] = []
     for arm, spec in config["arms"].items():
         listed = spec["conditions"]
         if listed != "all":
-            for j, cid in enumerate(listed):
-                if cid not in seen:
-                    problems.append(
-                        f"config key arms.{arm}.conditions[{j}]: unknown condition {cid!r}"
-                    )
+            problems += [
+                f"config key arms.{arm}.conditions[{j}]: unknown condition {cid!r}"
+                for j, cid in enumerate(listed)
+                if cid not in seen
+            ]
         for engine, espec in spec["engines"].items():
             if engine not in config["engines"]:
                 problems.append(
                     f"config key arms.{arm}.engines.{engine}: engine not defined under engines"
                 )
-            for key in ("flags_by_condition", "skip_conditions"):
-                for cid in espec.get(key, []):
-                    if cid not in seen:
-                        problems.append(
-                            f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}"
-                        )
+            problems += [
+                f"config key arms.{arm}.engines.{engine}.{key}: unknown condition {cid!r}"
+                for key in ("flags_by_condition", "skip_conditions")
+                for cid in espec.get(key, [])
+                if cid not in seen
+            ]
+    return problems
+
+
+def _check_client(config: Mapping[str, Any]) -> list[str]:
+    """The paced client speaks plain http only: an https engine URL needs the httpx client."""
     kube = config.get("kubernetes") or {}
     client = config["dispatch"].get("client", DispatchSettings.client)
     if str(kube.get("engine_url", "")).startswith("https://") and client == "paced":
-        problems.append(
+        return [
             "config key dispatch.client: 'paced' speaks plain http only, but "
             "kubernetes.engine_url is https; set dispatch.client: httpx"
-        )
+        ]
+    return []
+
+
+def _check_engines(config: Mapping[str, Any]) -> list[str]:
+    """Each engine's release is one its family implements, and there are at most two engines."""
+    problems: list[str] = []
     engines = list(config["engines"])
     for engine in engines:
         try:
@@ -227,65 +276,98 @@ def _check_references(config: Mapping[str, Any]) -> None:
             f"config key engines: the analysis compares two engines (or one engine's two arms), "
             f"got {len(engines)}: {', '.join(engines)}"
         )
-    for j, cid in enumerate(config["analysis"].get("table_conditions", [])):
-        if cid not in seen:
-            problems.append(f"config key analysis.table_conditions[{j}]: unknown condition {cid!r}")
-    # An engine the simulator imitates prints its start-up log through its spec.
-    simulated = [s.name for s in engine_specs() if s.render_startup_log is not None]
-    run_simulated = [e for e in engines if e in simulated and _runs_simulated(config, e)]
+    return problems
+
+
+def _check_table_conditions(config: Mapping[str, Any], seen: Mapping[str, int]) -> list[str]:
+    """Every condition `analysis.table_conditions` names exists."""
+    return [
+        f"config key analysis.table_conditions[{j}]: unknown condition {cid!r}"
+        for j, cid in enumerate(config["analysis"].get("table_conditions", []))
+        if cid not in seen
+    ]
+
+
+def _simulated_engines() -> list[str]:
+    """The engines the simulator imitates: those whose spec prints a start-up log."""
+    return [s.name for s in engine_specs() if s.render_startup_log is not None]
+
+
+def _check_simulated_needs_preset(config: Mapping[str, Any]) -> list[str]:
+    """A simulated engine that runs (on the config's backend) needs the model's cost preset."""
+    simulated = _simulated_engines()
+    run_simulated = [e for e in config["engines"] if e in simulated and _runs_simulated(config, e)]
     if "preset" not in config["model"] and run_simulated:
-        problems.append(
+        return [
             "config key model.preset: required when a simulated engine runs "
             f"({', '.join(run_simulated)})"
-        )
-    if config["backend"] == "kubernetes":
-        for arm, spec in config["arms"].items():
-            for engine, espec in spec["engines"].items():
-                if engine not in config["engines"] or not espec:
-                    continue
-                flags = [*config["engines"][engine]["flags"], *espec.get("flags", [])]
-                try:
-                    probed = startup_log_flags(engine, flags) != flags
-                except ValueError:  # a malformed flag: refused with its own message elsewhere
-                    probed = False
-                if probed:
-                    # only the local backend starts a start-up probe (docs/llamacpp.md)
-                    problems.append(
-                        f"config key arms.{arm}.engines.{engine}.flags: on the kubernetes backend "
-                        f"the gate reads the measured pod's own start-up log, where {engine} "
-                        "shows its batch size only at --log-verbosity=4, a level that slows every "
-                        "task as the server's prompt cache grows "
-                        "(docs/benchmarks/llamacpp-trace-cost.md); add --log-verbosity=4 to "
-                        "accept that cost, or run it on the local backend, which confirms it "
-                        "from a start-up probe"
-                    )
-        for engine in engines:
-            if "image" not in config["engines"][engine]:
+        ]
+    return []
+
+
+def _check_kubernetes(config: Mapping[str, Any]) -> list[str]:
+    """On the kubernetes backend: no arm's flags need a start-up probe (only the local backend
+    starts one), and every engine has an image pinned by digest."""
+    problems: list[str] = []
+    for arm, spec in config["arms"].items():
+        for engine, espec in spec["engines"].items():
+            if engine not in config["engines"] or not espec:
+                continue
+            flags = [*config["engines"][engine]["flags"], *espec.get("flags", [])]
+            try:
+                probed = startup_log_flags(engine, flags) != flags
+            except ValueError:  # a malformed flag: refused with its own message elsewhere
+                probed = False
+            if probed:
+                # only the local backend starts a start-up probe (docs/llamacpp.md)
                 problems.append(
-                    f"config key engines.{engine}.image: the kubernetes backend needs an image "
-                    "pinned by digest"
+                    f"config key arms.{arm}.engines.{engine}.flags: on the kubernetes backend "
+                    f"the gate reads the measured pod's own start-up log, where {engine} "
+                    "shows its batch size only at --log-verbosity=4, a level that slows every "
+                    "task as the server's prompt cache grows "
+                    "(docs/benchmarks/llamacpp-trace-cost.md); add --log-verbosity=4 to "
+                    "accept that cost, or run it on the local backend, which confirms it "
+                    "from a start-up probe"
                 )
-    if config["backend"] == "sim":
-        for engine in engines:
-            if engine not in simulated:
-                problems.append(
-                    f"config key engines.{engine}: the sim backend has no simulated {engine} "
-                    f"(simulated: {', '.join(simulated)}); run it with backend: local"
-                )
-            elif config["gpu"]["name"] == "CPU" and engine not in (
-                config["gpu"].get("step_cost") or {}
-            ):
-                problems.append(
-                    f"config key gpu.step_cost.{engine}: the simulator's CPU platform needs the "
-                    f"engine's fitted step time (the cpu_platform rule fits it from the floor: "
-                    "docs/simulator.md, 'Against the real engines')"
-                )
-            elif engine == "llamacpp" and config["gpu"]["name"] != "CPU":
-                problems.append(
-                    "config key engines.llamacpp: the sim backend simulates llama.cpp on the CPU "
-                    "platform only (gpu.name: CPU with gpu.step_cost.llamacpp): llama.cpp has no "
-                    "GPU cost model"
-                )
+    problems += [
+        f"config key engines.{engine}.image: the kubernetes backend needs an image pinned by digest"
+        for engine in config["engines"]
+        if "image" not in config["engines"][engine]
+    ]
+    return problems
+
+
+def _check_sim(config: Mapping[str, Any]) -> list[str]:
+    """On the sim backend every engine is simulated, on a platform the simulator has for it (the
+    CPU platform needs the engine's fitted step time; llama.cpp runs on the CPU platform only)."""
+    problems: list[str] = []
+    simulated = _simulated_engines()
+    for engine in config["engines"]:
+        if engine not in simulated:
+            problems.append(
+                f"config key engines.{engine}: the sim backend has no simulated {engine} "
+                f"(simulated: {', '.join(simulated)}); run it with backend: local"
+            )
+        elif config["gpu"]["name"] == "CPU" and engine not in (
+            config["gpu"].get("step_cost") or {}
+        ):
+            problems.append(
+                f"config key gpu.step_cost.{engine}: the simulator's CPU platform needs the "
+                f"engine's fitted step time (the cpu_platform rule fits it from the floor: "
+                "docs/simulator.md, 'Against the real engines')"
+            )
+        elif engine == "llamacpp" and config["gpu"]["name"] != "CPU":
+            problems.append(
+                "config key engines.llamacpp: the sim backend simulates llama.cpp on the CPU "
+                "platform only (gpu.name: CPU with gpu.step_cost.llamacpp): llama.cpp has no "
+                "GPU cost model"
+            )
+    return problems
+
+
+def _check_capacity(config: Mapping[str, Any]) -> list[str]:
+    """`capacity.bracket` is increasing and the capacity shapes' names are unique."""
+    problems: list[str] = []
     capacity_section = config.get("capacity") or {}
     bracket = capacity_section.get("bracket")
     if bracket and bracket[0] >= bracket[1]:
@@ -293,11 +375,15 @@ def _check_references(config: Mapping[str, Any]) -> None:
     names = [s["name"] for s in capacity_section.get("shapes", [])]
     if len(names) != len(set(names)):
         problems.append("config key capacity.shapes: shape names must be unique")
+    return problems
+
+
+def _check_tool_delay(config: Mapping[str, Any]) -> list[str]:
+    """The tool delay's truncation bounds are ordered."""
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
-        problems.append("config key workload.tool_delay.min_s: must be below max_s")
-    if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+        return ["config key workload.tool_delay.min_s: must be below max_s"]
+    return []
 
 
 # The Python engines the local backend runs for real on the CPU platform (gpu.name CPU), each from
@@ -343,16 +429,19 @@ def _arm_specs(config: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def analysis_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings every analysis output is computed with: config `analysis:` plus the
-    campaign's engines (registry order: the gap's numerator first) and the tables' conditions."""
+    """The settings every analysis output is computed with, `AnalysisSettings` built once from the
+    validated config (`analysis:` plus the campaign's engines in registry order, the gap's
+    numerator first), as the plain mapping rule params and a bundle's manifest carry;
+    `AnalysisSettings.from_mapping` reads it back."""
     section = config["analysis"]
-    return {
-        "keeps_pace": section["keeps_pace"],
-        "phi_guard": section["phi_guard"],
-        "exclude_first_graph": section["exclude_first_graph"],
-        "engines": [e for e in engine_names() if e in config["engines"]],
-        "table_conditions": list(section.get("table_conditions", STUDY_TABLE_CONDITIONS)),
-    }
+    settings = AnalysisSettings(
+        keeps_pace=section["keeps_pace"],
+        phi_guard=section["phi_guard"],
+        exclude_first_graph=section["exclude_first_graph"],
+        engines=tuple(e for e in engine_names() if e in config["engines"]),
+        table_conditions=tuple(section.get("table_conditions", STUDY_TABLE_CONDITIONS)),
+    )
+    return settings.as_dict()
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -485,7 +574,7 @@ def vendor_default_flags(config: Mapping[str, Any], engine: str) -> tuple[str, .
 def request_slo(config: Mapping[str, Any]) -> dict[str, float | None]:
     """The per-request SLO limits results/run_metrics.csv applies (config `analysis.slo`; a key
     left out takes its default: TTFT 2 s, TPOT 0.1 s, no E2E limit; null: not applied)."""
-    defaults: dict[str, float | None] = {"ttft_s": 2.0, "tpot_s": 0.1, "e2e_s": None}
+    defaults: dict[str, float | None] = asdict(RequestSlo())
     given = config["analysis"].get("slo") or {}
     return {key: given.get(key, value) for key, value in defaults.items()}
 

@@ -1,10 +1,15 @@
-"""Typed settings: the config's `dispatch`, `campaign`, `telemetry`, `kubernetes` and `sim` sections.
+"""Typed settings: the config's `dispatch`, `campaign`, `telemetry`, `kubernetes`, `sim`,
+`local`, `analysis` and `capacity` sections.
 
 One frozen dataclass per section (and per nested section), built once from the validated
 configuration with `Settings.from_config(config)`, or one section at a time with
 `<Section>.from_section(mapping)`. The dataclass defaults are the only defaults these sections
 have: the config schema (config.schema.yaml) names the same keys and sets no default of its own,
-and a test checks that the two agree key for key.
+and a test checks that the two agree key for key (for the sections in `SECTIONS`).
+
+`AnalysisSettings` (the parameters every analysis output is computed with), `RequestSlo`
+(`analysis.slo`) and `CapacitySettings` (`capacity:`) live here too: every typed setting in one
+module. This module imports nothing from servelab, so every layer may read it.
 
 A key that the schema requires has no default here; a key the config may leave out has its
 default here and nowhere else. Mapping-valued keys (`node_selector`, `resources`,
@@ -18,12 +23,19 @@ import dataclasses
 import re
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self, TypeVar
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "SECTIONS",
+    "STUDY_TABLE_CONDITIONS",
+    "AnalysisSettings",
     "CampaignSettings",
+    "CapacitySettings",
+    "ConfigError",
     "DispatchSettings",
     "HfTokenSecret",
     "KubernetesSettings",
@@ -32,13 +44,19 @@ __all__ = [
     "PlatformSettings",
     "PodMonitorSettings",
     "ReadinessProbe",
+    "RequestSlo",
     "Settings",
     "SettingsError",
+    "Shape",
     "SimSettings",
     "TelemetrySettings",
 ]
 
 _Section = TypeVar("_Section")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration. The message names the key (as a path such as `conditions[2].rate`)."""
 
 
 class SettingsError(ValueError):
@@ -86,7 +104,7 @@ class _ConfigSection:
 
     def as_dict(self) -> dict[str, Any]:
         """The section as the plain mapping the config spells (nested sections as mappings)."""
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return dataclasses.asdict(cast("DataclassInstance", self))
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -324,6 +342,135 @@ class LocalSettings(_ConfigSection):
     @property
     def pinned(self) -> bool:
         return bool(self.engine_cpus) and bool(self.client_cpus)
+
+
+# --------------------------------------------------------------------------- analysis
+
+# The conditions the study's Tables 4-6 show; a campaign on another grid names its own
+# (config `analysis.table_conditions`).
+STUDY_TABLE_CONDITIONS: tuple[str, ...] = ("rate-0.12", "rate-0.28", "length-8192")
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """The parameters every analysis output is computed with: config `analysis:` plus the
+    campaign's engines (servelab.grid.config.analysis_settings builds its plain mapping from the
+    validated config). Passed whole through servelab.analysis.pipeline; the defaults here are the
+    only ones (the analysis without a configuration, e.g. `servelab analyze` without --config).
+
+    Numbers are kept as the config spells them (an integer stays one): numbers.json records them.
+    """
+
+    # an engine keeps pace when X >= keeps_pace x the offered load
+    keeps_pace: float = 0.97
+    # phi is reported only when |ln R_def| > ln phi_guard
+    phi_guard: float = 1.1
+    exclude_first_graph: bool = True
+    # the campaign's engines in gap order (registry order); None: those the runs show
+    engines: tuple[str, ...] | None = None
+    table_conditions: tuple[str, ...] = STUDY_TABLE_CONDITIONS
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any]) -> AnalysisSettings:
+        """From the plain mapping (`as_dict`: a rule's params, a bundle's manifest); a key left out
+        takes its default."""
+        given = dict(settings)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise SettingsError(
+                f"analysis settings: unknown key(s) {', '.join(map(repr, unknown))}"
+            )
+        if given.get("engines") is not None:
+            given["engines"] = tuple(given["engines"])
+        if "table_conditions" in given:
+            given["table_conditions"] = tuple(given["table_conditions"])
+        return cls(**given)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plain mapping (sequences as lists): what rule params and a bundle's manifest hold."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class RequestSlo:
+    """Per-request limits (seconds; None: not applied), config `analysis.slo`. Default: MLPerf's
+    Llama-3.1-8B Server pair, TTFT 2 s and TPOT 100 ms, and no E2E limit."""
+
+    ttft_s: float | None = 2.0
+    tpot_s: float | None = 0.1
+    e2e_s: float | None = None
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> RequestSlo:
+        """From config `analysis.slo` (keys ttft_s, tpot_s, e2e_s; a missing key takes its
+        default, null means not applied)."""
+        section = dict(section or {})
+        unknown = set(section) - {"ttft_s", "tpot_s", "e2e_s"}
+        if unknown:
+            raise ValueError(f"analysis.slo: unknown key(s) {', '.join(sorted(unknown))}")
+        values = {**asdict(cls()), **section}
+        return cls(**{k: None if v is None else float(v) for k, v in values.items()})
+
+
+# --------------------------------------------------------------------------- capacity
+
+
+@dataclass(frozen=True)
+class Shape:
+    """`capacity.shapes[]`: a condition without its rate (docs/capacity.md)."""
+
+    name: str
+    sharing: float
+    prompt_tokens: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    """Config `capacity:` (docs/capacity.md)."""
+
+    shapes: tuple[Shape, ...]
+    bracket: tuple[float, float] | None
+    saturation_rate: float
+    saturation_duration_s: float
+    tolerance: float
+    max_probes: int
+    repetitions: int
+    keeps_pace: float
+    limits: Mapping[str, float]  # e.g. {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CapacitySettings:
+        section = config.get("capacity")
+        if not section:
+            raise ConfigError("config key capacity: not set (docs/capacity.md)")
+        bracket = section.get("bracket")
+        return cls(
+            shapes=tuple(
+                Shape(
+                    str(s["name"]),
+                    float(s["sharing"]),
+                    int(s["prompt_tokens"]),
+                    float(s["duration_s"]),
+                )
+                for s in section["shapes"]
+            ),
+            bracket=(float(bracket[0]), float(bracket[1])) if bracket else None,
+            saturation_rate=float(section.get("saturation_rate", 2.0)),
+            saturation_duration_s=float(section.get("saturation_duration_s", 120.0)),
+            tolerance=float(section.get("tolerance", 0.02)),
+            max_probes=int(section.get("max_probes", 12)),
+            repetitions=int(section.get("repetitions", config["repetitions"])),
+            keeps_pace=float(section.get("keeps_pace", config["analysis"]["keeps_pace"])),
+            limits=dict(section.get("limits", {"ttft_p99_s": 2.0, "tpot_p99_s": 0.1})),
+        )
+
+    def shape(self, name: str) -> Shape:
+        for shape in self.shapes:
+            if shape.name == name:
+                return shape
+        raise ConfigError(f"config key capacity.shapes: no shape named {name!r}")
 
 
 # The config sections that have a dataclass here, by their config key.

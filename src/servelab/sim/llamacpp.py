@@ -598,7 +598,7 @@ class LlamacppModel(EngineModel):
             if cur:
                 out.append(cur)
             return out
-        left = [[g, a, k] for g, a, k in sub]
+        left: list[list[Any]] = [[g, a, k] for g, a, k in sub]
         while True:
             chosen: list[list[Any]] = []
             last = -1
@@ -664,7 +664,7 @@ class LlamacppModel(EngineModel):
     ) -> Iteration:
         """llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36), tools/server/server-context.cpp,
         post_decode: each slot whose output token was decoded samples one token; a slot at
-        its limit is released (slot order)."""
+        its limit is released (slot order). A failed decode's slots are `_fail_busy_slots`."""
         dec = self.dec
         pos = 0
         sampled: set[int] = set()
@@ -707,24 +707,13 @@ class LlamacppModel(EngineModel):
             emitted += tuple(firsts)
         for sid in sorted(releases):
             s = releases[sid]
-            r = s.req
-            assert r is not None
+            done = s.req
+            assert done is not None
             self._release(s)
-            r.state = FINISHED
-            finished.append(r.rid)
+            done.state = FINISHED
+            finished.append(done.rid)
         if failed:  # every busy slot fails; its tokens are cleared
-            for s in self.slots:
-                if s.state == _IDLE:
-                    continue
-                r = s.req
-                assert r is not None
-                if r in dec.members:
-                    dec.leave(r)
-                r.error = _CONTEXT_EXCEEDED
-                self._release(s)
-                self._clear(s)
-                r.state = ABORTED
-                rejected.append(r.rid)
+            self._fail_busy_slots(rejected)
         self._flush_if_idle(end)
         if n_prompt and n_dec:
             kind = "mixed"
@@ -745,6 +734,24 @@ class LlamacppModel(EngineModel):
             finished=tuple(finished),
             rejected=tuple(rejected),
         )
+
+    def _fail_busy_slots(self, rejected: list[str]) -> None:
+        """A failed decode (post_decode's error path, see `_sample`; split out of it by
+        servelab): every busy slot's request fails with the context error and the slot is
+        released and cleared, in slot order."""
+        dec = self.dec
+        for s in self.slots:
+            if s.state == _IDLE:
+                continue
+            r = s.req
+            assert r is not None
+            if r in dec.members:
+                dec.leave(r)
+            r.error = _CONTEXT_EXCEEDED
+            self._release(s)
+            self._clear(s)
+            r.state = ABORTED
+            rejected.append(r.rid)
 
     def _empty(self, now: float, rejected: list[str], finished: list[str]) -> Iteration:
         return Iteration(

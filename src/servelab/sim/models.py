@@ -55,6 +55,7 @@ def _vllm_capacity(
         return vllm_cpu_kv_capacity(
             model, kv_cache_bytes=kv_bytes, block_size=int(resolved.block_size)
         )
+    assert resolved.memory_fraction is not None  # vLLM always resolves gpu_memory_utilization
     return vllm_kv_capacity(
         model,
         gpu,
@@ -80,6 +81,7 @@ def _vllm_params(resolved: ResolvedConfig) -> dict[str, Any]:
 def _sglang_capacity(
     resolved: ResolvedConfig, model: ModelPreset, gpu: GpuPreset, gpu_memory_mib: int
 ) -> KvCapacity:
+    assert resolved.memory_fraction is not None  # SGLang always resolves mem_fraction_static
     return sglang_kv_capacity(
         model, gpu, mem_fraction_static=resolved.memory_fraction, gpu_memory_mib=gpu_memory_mib
     )

@@ -48,7 +48,8 @@ class Node:
 
     def path_tokens(self) -> int:
         """Tokens from the root to the end of this node."""
-        total, node = 0, self
+        total = 0
+        node: Node | None = self
         while node is not None:
             total += len(node.key) // _TOK
             node = node.parent
@@ -129,9 +130,10 @@ class RadixCache:
     def touch(self, node: Node, now: float) -> None:
         """Refresh `last_access` along the path to `node` (what a repeated match would do)."""
         leaf = node
-        while node is not None:
-            node.last_access = now
-            node = node.parent
+        step: Node | None = node
+        while step is not None:
+            step.last_access = now
+            step = step.parent
         if not leaf.children and leaf is not self.root:
             self._candidate(leaf)
 

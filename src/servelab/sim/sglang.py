@@ -63,6 +63,34 @@ DECODE_LOG_INTERVAL = 40
 _CONTINUE, _NO_TOKEN, _OTHER = 0, 1, 2
 
 
+class _PrefillBudget:
+    """PrefillAdder's remaining budgets and its log counters (schedule_policy.py, PrefillAdder:
+    rem_total_tokens, rem_input_tokens, rem_chunk_tokens, `_prefill_one_req`, `budget_state`,
+    log_hit_tokens, log_input_tokens). A class of servelab's: upstream keeps them on the adder."""
+
+    def __init__(self, total: float, input_tokens: int, chunk: int | None) -> None:
+        self.total = total
+        self.input = input_tokens
+        self.chunk = chunk
+        self.log_hit = 0
+        self.log_input = 0
+
+    def prefill_one(self, prefix_len: int, extend: int, max_new: int) -> None:
+        self.total -= extend + max_new
+        self.input -= extend
+        if self.chunk is not None:
+            self.chunk -= extend
+        self.log_hit += prefix_len
+        self.log_input += extend
+
+    def state(self) -> int:
+        if self.total <= 0:
+            return _NO_TOKEN
+        if self.input <= 0 or (self.chunk is not None and self.chunk <= 0):
+            return _OTHER
+        return _CONTINUE
+
+
 class SglangModel(EngineModel):
     """SGLang 0.4.1 scheduler over a radix cache (see module doc)."""
 
@@ -263,7 +291,10 @@ class SglangModel(EngineModel):
         return remaining * self.new_token_ratio
 
     def _get_new_batch_prefill(self, now: float) -> list[tuple[Req, int, int, bool]] | None:
-        """get_new_batch_prefill + PrefillAdder: [(req, prefix_len, new_tokens, completes_prompt)]."""
+        """get_new_batch_prefill + PrefillAdder: [(req, prefix_len, new_tokens, completes_prompt)].
+
+        The budgets are servelab's `_PrefillBudget` and the closing statistics its
+        `_log_prefill_stats` (split out of this function by servelab)."""
         if (self.batch_is_full or not self.waiting) and self.chunked is None:
             return None
         running_bs = len(self.dec)
@@ -272,36 +303,23 @@ class SglangModel(EngineModel):
             return None
         prefix_computed = self._calc_priority(now)
         tree = self.tree
-        rem_total = self.available + tree.evictable_size - self._reserved_for_running()
-        rem_input = self.p.token_budget
-        rem_chunk = self.chunk_size
+        budget = _PrefillBudget(
+            self.available + tree.evictable_size - self._reserved_for_running(),
+            self.p.token_budget,
+            self.chunk_size,
+        )
         batch: list[tuple[Req, int, int, bool]] = []
-        log_hit = log_input = 0
-
-        def prefill_one(prefix_len: int, extend: int, max_new: int) -> None:
-            nonlocal rem_total, rem_input, rem_chunk, log_hit, log_input
-            rem_total -= extend + max_new
-            rem_input -= extend
-            if rem_chunk is not None:
-                rem_chunk -= extend
-            log_hit += prefix_len
-            log_input += extend
-
-        def budget_state() -> int:
-            if rem_total <= 0:
-                return _NO_TOKEN
-            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
-                return _OTHER
-            return _CONTINUE
 
         had_chunked = self.chunked is not None
         if self.chunked is not None:  # add_being_chunked_req: the continuing chunk goes first
             r = self.chunked
             extend = r.seq_len - r.match_len
-            truncated = rem_chunk is not None and extend > rem_chunk
-            n = min(extend, rem_chunk) if rem_chunk is not None else extend
+            truncated = budget.chunk is not None and extend > budget.chunk
+            n = min(extend, budget.chunk) if budget.chunk is not None else extend
             batch.append((r, r.match_len, n, not truncated))
-            prefill_one(r.match_len, n, 0 if truncated else min(r.max_tokens, CLIP_MAX_NEW_TOKENS))
+            budget.prefill_one(
+                r.match_len, n, 0 if truncated else min(r.max_tokens, CLIP_MAX_NEW_TOKENS)
+            )
             self.chunked = r if truncated else None
         new_chunked: Req | None = None
         for r in self.waiting:
@@ -313,33 +331,33 @@ class SglangModel(EngineModel):
             extend = r.seq_len - r.match_len
             max_new = min(r.max_tokens, CLIP_MAX_NEW_TOKENS)
             total = extend + max_new
-            if total >= rem_total:
+            if total >= budget.total:
                 self.batch_is_full = True
                 break
-            if extend > rem_input and batch:
+            if extend > budget.input and batch:
                 break
             node: Node = r.last_node  # type: ignore[assignment]
-            rem_total += tree.inc_lock_ref(node)  # _lock_node while deciding
+            budget.total += tree.inc_lock_ref(node)  # _lock_node while deciding
             result = _CONTINUE
             admitted = False
-            if total > rem_total:
+            if total > budget.total:
                 result = _NO_TOKEN
-            elif rem_chunk is None or extend <= rem_chunk:
+            elif budget.chunk is None or extend <= budget.chunk:
                 batch.append((r, r.match_len, extend, True))
                 admitted = True
-                prefill_one(r.match_len, extend, max_new)
-            elif rem_chunk == 0:
+                budget.prefill_one(r.match_len, extend, max_new)
+            elif budget.chunk == 0:
                 result = _OTHER
             else:
-                batch.append((r, r.match_len, rem_chunk, False))
+                batch.append((r, r.match_len, budget.chunk, False))
                 new_chunked = r
                 admitted = True
-                prefill_one(r.match_len, rem_chunk, 0)
+                budget.prefill_one(r.match_len, budget.chunk, 0)
             if admitted:
                 tree.inc_lock_ref(node)  # the request's own lock, held until it is cached
-            rem_total += tree.dec_lock_ref(node)
+            budget.total += tree.dec_lock_ref(node)
             if result == _CONTINUE:
-                result = budget_state()
+                result = budget.state()
             if result != _CONTINUE:
                 if result == _NO_TOKEN:
                     self.batch_is_full = True
@@ -350,9 +368,15 @@ class SglangModel(EngineModel):
         self.waiting = [r for r in self.waiting if id(r) not in taken]
         if new_chunked is not None:
             self.chunked = new_chunked
-        # log_prefill_stats: gauges and the (lifetime, chunk-inflated) cache hit rate
-        self.hit_tokens += log_hit
-        self.input_tokens += log_input
+        self._log_prefill_stats(budget, running_bs, had_chunked)
+        return batch
+
+    def _log_prefill_stats(
+        self, budget: _PrefillBudget, running_bs: int, had_chunked: bool
+    ) -> None:
+        """log_prefill_stats: gauges and the (lifetime, chunk-inflated) cache hit rate."""
+        self.hit_tokens += budget.log_hit
+        self.input_tokens += budget.log_input
         used = self._used_tokens()
         g = self.gauges
         g["sglang:num_running_reqs"] = float(running_bs)
@@ -361,7 +385,6 @@ class SglangModel(EngineModel):
         g["sglang:num_queue_reqs"] = float(len(self.waiting) + (1 if had_chunked else 0))
         denom = self.hit_tokens + self.input_tokens
         g["sglang:cache_hit_rate"] = self.hit_tokens / denom if denom else 0.0
-        return batch
 
     # ------------------------------------------------------------------ stepping
 

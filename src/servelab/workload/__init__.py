@@ -1,9 +1,10 @@
 """servelab.workload: seeded multi-agent trace compilation, validation and loading (docs/workload.md).
 
-Public API (plain-value arguments, so Snakemake scripts stay thin):
+Public API (so Snakemake scripts stay thin):
 
-- `compile_trace_files(*, condition, rep, seed, rate, sharing, prompt_tokens, duration_s, workload, tokenizer,
-  trace_path, manifest_path) -> dict`: compile, validate, write both files atomically, return the manifest.
+- `compile_trace_files(*, condition, rep, seed, workload, tokenizer, trace_path, manifest_path) -> dict`:
+  compile the trace of `condition` (a `servelab.grid.config.Condition`, whole), validate it, write both
+  files atomically, return the manifest.
 - `compile_from_config(config, condition, rep, *, trace_path, manifest_path) -> dict`: the same for one
   (condition, rep) of a validated config.
 - `validate_trace(trace_path, manifest_path, *, retokenize=False) -> dict[str, bool]`: the six checks by name.

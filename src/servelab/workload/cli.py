@@ -21,7 +21,7 @@ TRACE_FILE = "trace.parquet"
 MANIFEST_FILE = "manifest.json"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `trace` command and its subcommands."""
     trace = subparsers.add_parser(
         "trace", help="compile, validate and inspect seeded multi-agent traces"

@@ -17,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from servelab.artifacts import (
     write_json,
     write_parquet,
 )
-from servelab.grid.config import ConfigError, conditions, trace_seed
+from servelab.grid.config import Condition, ConfigError, conditions, offered_load, trace_seed
 from servelab.workload.arrivals import arrival_times
 from servelab.workload.prompts import LOCAL_WINDOW, build_prompts, prefix_length
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER
@@ -133,32 +133,39 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
+def _validated(condition: Condition) -> Condition:
+    """`condition` with its values checked and its numbers as the manifest records them (floats;
+    `prompt_tokens` an int), or ValueError naming the bad value."""
+    rate = _positive("rate", condition.rate)
+    duration_s = _positive("duration_s", condition.duration_s)
+    sharing = condition.sharing
+    if isinstance(sharing, bool) or not isinstance(sharing, int | float) or not 0 <= sharing < 1:
+        raise ValueError(f"sharing must be a number in [0, 1), got {sharing!r}")
+    prompt_tokens = condition.prompt_tokens
+    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
+    return replace(condition, rate=rate, sharing=float(sharing), duration_s=duration_s)
+
+
 def compile_trace(
     *,
-    condition: str,
+    condition: Condition,
     rep: str,
     seed: int,
-    rate: float,
-    sharing: float,
-    prompt_tokens: int,
-    duration_s: float,
     workload: Mapping[str, Any],
     tokenizer: str,
 ) -> tuple[pa.Table, dict[str, Any]]:
-    """Compile a trace in memory: (TRACE_SCHEMA table, manifest without `checks` and `trace_sha256`)."""
-    if not isinstance(condition, str) or not condition:
-        raise ValueError(f"condition must be a non-empty string, got {condition!r}")
+    """Compile the trace of `condition` (its id, λ, σ, L and duration) in memory: (TRACE_SCHEMA
+    table, manifest without `checks` and `trace_sha256`)."""
+    if not isinstance(condition.id, str) or not condition.id:
+        raise ValueError(f"condition must be a non-empty string, got {condition.id!r}")
     if not isinstance(rep, str) or not _REP.match(rep):
         raise ValueError(f"rep must look like rep1, rep2, ..., got {rep!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    rate = _positive("rate", rate)
-    duration_s = _positive("duration_s", duration_s)
-    if isinstance(sharing, bool) or not isinstance(sharing, int | float) or not 0 <= sharing < 1:
-        raise ValueError(f"sharing must be a number in [0, 1), got {sharing!r}")
-    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
-        raise ValueError(f"prompt_tokens must be a positive integer, got {prompt_tokens!r}")
-    sharing = float(sharing)
+    cond = _validated(condition)
+    rate, sharing, duration_s = cond.rate, cond.sharing, cond.duration_s
+    prompt_tokens = cond.prompt_tokens
     settings = WorkloadSettings.from_config(workload)
     f = prefix_length(sharing, prompt_tokens)
     if prompt_tokens - f < 1:
@@ -174,7 +181,7 @@ def compile_trace(
     arrivals = arrival_times(seed, rate, settings.arrival_cv, duration_s)
     if arrivals.size == 0:
         raise ValueError(
-            f"condition {condition} {rep}: no agent graph arrives within duration_s={duration_s} at rate {rate} "
+            f"condition {cond.id} {rep}: no agent graph arrives within duration_s={duration_s} at rate {rate} "
             f"(expected {rate * duration_s:.2f}); lengthen the run"
         )
     workers = settings.workers_per_graph
@@ -208,7 +215,7 @@ def compile_trace(
     _, sigma = measure_sharing(TokenColumn(table), np.full(n, f))
     vocab = prompts.vocab
     manifest: dict[str, Any] = {
-        "condition": condition,
+        "condition": cond.id,
         "rep": rep,
         "seed": seed,
         "rate": rate,
@@ -225,7 +232,7 @@ def compile_trace(
         "n_graphs": int(arrivals.size),
         "n_requests": n,
         "requests_per_graph": workers + 2,
-        "offered_load_rps": rate * (workers + 2),
+        "offered_load_rps": offered_load(cond, workers),
         "workload": settings.as_dict(),
         "vocabulary": {
             "rule": "non-special ids decoding to ' ' + ASCII letters that encode back to exactly [id]",
@@ -251,32 +258,21 @@ def compile_trace(
 
 def compile_trace_files(
     *,
-    condition: str,
+    condition: Condition,
     rep: str,
     seed: int,
-    rate: float,
-    sharing: float,
-    prompt_tokens: int,
-    duration_s: float,
     workload: Mapping[str, Any],
     tokenizer: str,
     trace_path: str | os.PathLike[str],
     manifest_path: str | os.PathLike[str],
 ) -> dict[str, Any]:
-    """Compile, validate and atomically write trace.parquet and manifest.json; return the manifest.
+    """Compile the trace of `condition`, validate it and atomically write trace.parquet and
+    manifest.json; return the manifest.
 
     Raises TraceValidationError (and writes nothing) if the compiled trace fails any of the six checks.
     """
     table, manifest = compile_trace(
-        condition=condition,
-        rep=rep,
-        seed=seed,
-        rate=rate,
-        sharing=sharing,
-        prompt_tokens=prompt_tokens,
-        duration_s=duration_s,
-        workload=workload,
-        tokenizer=tokenizer,
+        condition=condition, rep=rep, seed=seed, workload=workload, tokenizer=tokenizer
     )
     return write_validated_trace(
         table, manifest, trace_path=trace_path, manifest_path=manifest_path
@@ -319,15 +315,10 @@ def compile_from_config(
     grid = conditions(config)
     if condition not in grid:
         raise ConfigError(f"unknown condition {condition!r}; the config defines {', '.join(grid)}")
-    cond = grid[condition]
     return compile_trace_files(
-        condition=condition,
+        condition=grid[condition],
         rep=rep,
         seed=trace_seed(int(config["campaign_seed"]), condition, rep),
-        rate=cond.rate,
-        sharing=cond.sharing,
-        prompt_tokens=cond.prompt_tokens,
-        duration_s=cond.duration_s,
         workload=config["workload"],
         tokenizer=str(config["tokenizer"]),
         trace_path=trace_path,

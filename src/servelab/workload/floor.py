@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from servelab.artifacts import TRACE_SCHEMA
+from servelab.grid.config import Condition, FloorShape
 from servelab.workload.arrivals import arrival_times
 from servelab.workload.compiler import WorkloadSettings, compile_trace, write_validated_trace
 from servelab.workload.topology import ROLE_ORDER
@@ -111,19 +112,18 @@ def floor_trace(
 
 def compile_floor_trace_files(
     *,
-    condition: str,
+    shape: FloorShape,
     rep: str,
     seed: int,
-    sharing: float,
-    prompt_tokens: int,
     requests: int,
     workload: Mapping[str, Any],
     tokenizer: str,
     trace_path: str | os.PathLike[str],
     manifest_path: str | os.PathLike[str],
 ) -> dict[str, Any]:
-    """Compile the floor trace of one shape (module docstring), validate it (the six checks) and
-    write trace.parquet and manifest.json atomically; return the manifest.
+    """Compile the floor trace of one shape (module docstring; its id names the floor's
+    condition), validate it (the six checks) and write trace.parquet and manifest.json
+    atomically; return the manifest.
 
     The source trace runs at FLOOR_SOURCE_RATE for a duration that holds `requests` requests on
     average three times over; a seed whose arrivals fall short doubles it (deterministically).
@@ -137,18 +137,18 @@ def compile_floor_trace_files(
         if graphs * per_graph >= requests:
             break
         duration_s *= 2
-    table, manifest = compile_trace(
-        condition=condition,
-        rep=rep,
-        seed=seed,
+    source = Condition(
+        id=shape.id,
+        sweep="floor",
         rate=FLOOR_SOURCE_RATE,
-        sharing=sharing,
-        prompt_tokens=prompt_tokens,
+        sharing=shape.sharing,
+        prompt_tokens=shape.prompt_tokens,
         duration_s=duration_s,
-        workload=workload,
-        tokenizer=tokenizer,
     )
-    chain, floor_manifest = floor_trace(table, manifest, condition=condition, requests=requests)
+    table, manifest = compile_trace(
+        condition=source, rep=rep, seed=seed, workload=workload, tokenizer=tokenizer
+    )
+    chain, floor_manifest = floor_trace(table, manifest, condition=shape.id, requests=requests)
     return write_validated_trace(
         chain, floor_manifest, trace_path=trace_path, manifest_path=manifest_path
     )

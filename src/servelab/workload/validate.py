@@ -112,7 +112,7 @@ class TokenColumn:
         if isinstance(col, pa.ChunkedArray):  # an empty table combines to an empty chunked array
             col = pa.array([], type=TRACE_SCHEMA.field("prompt_token_ids").type)
         self.offsets = col.offsets.to_numpy().astype(np.int64)
-        self.values = col.values.to_numpy(zero_copy_only=False)
+        self.values: np.ndarray = col.values.to_numpy(zero_copy_only=False)
         self.lengths = np.diff(self.offsets)
         self.n = int(self.lengths.size)
         uniform = self.n > 0 and bool(np.all(self.lengths == self.lengths[0]))
@@ -373,7 +373,7 @@ def _retokenize(table: pa.Table, tokenizer: str) -> str:
 
 def _read(
     trace_path: str | os.PathLike[str], manifest_path: str | os.PathLike[str]
-) -> tuple[pa.Table, dict]:
+) -> tuple[pa.Table, dict[str, Any]]:
     manifest = read_trace_manifest(manifest_path)
     table = read_parquet(trace_path, TRACE_SCHEMA)
     return table, manifest
