@@ -58,33 +58,38 @@ def shipped_configs() -> list[str]:
     return sorted(p.name for p in (REPO / "config").glob("*.yaml") if p.name != "schema.yaml")
 
 
-# Shipped configs whose tiny campaign is one another test makes anyway: the test that reads it.
+# Shipped configs whose tiny campaign is one another test makes anyway: the test that reads it,
+# and the lines its file must hold.
 ELSEWHERE = {
     "llamacpp.yaml": (
         "tests/workflow/test_campaign_commands.py",
-        "test_campaign_commands_read_the_llamacpp_campaign",
+        ("def test_campaign_commands_read_the_llamacpp_campaign(",),
     ),
     # config/cpu-pair.yaml and cpu-study.yaml need the real Python engines: read in the engines
-    # tier, after their campaigns
+    # tier, after their campaigns, by the test every TwoRealEngines class inherits
     "cpu-pair.yaml": (
         "tests/engines/test_cpu_pair_campaign.py",
-        "test_campaign_commands_read_the_cpu_pair_campaign",
+        ("(TwoRealEngines):", 'CONFIG = "cpu-pair.yaml"'),
     ),
     "cpu-study.yaml": (
         "tests/engines/test_cpu_study_campaign.py",
-        "test_campaign_commands_read_the_cpu_study_campaign",
+        ("(TwoRealEngines):", 'CONFIG = "cpu-study.yaml"'),
     ),
     "sim-vs-real.yaml": (
         "tests/engines/test_sim_vs_real_campaign.py",
-        "test_campaign_commands_read_the_sim_vs_real_campaign",
+        ("def test_campaign_commands_read_the_sim_vs_real_campaign(",),
     ),
 }
 
 
 def test_every_shipped_config_is_checked() -> None:
     assert sorted(CONFIGFILES) == shipped_configs()
-    for path, name in ELSEWHERE.values():
-        assert f"def {name}(" in (REPO / path).read_text(), (path, name)
+    for path, lines in ELSEWHERE.values():
+        text = (REPO / path).read_text()
+        for line in lines:
+            assert line in text, (path, line)
+    inherited = "    def test_campaign_commands_read_the_campaign("
+    assert inherited in (REPO / "tests" / "campaigns.py").read_text()
 
 
 def tiny_duration_s(duration_s: float, rate: float) -> float:

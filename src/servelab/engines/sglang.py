@@ -33,11 +33,12 @@ retractions appear only in its log ("Decode out of memory happened. #retracted_r
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from servelab.engines import _cli_tables
 from servelab.engines.base import (
@@ -122,9 +123,7 @@ def resolve(
         engine="sglang",
         version=version,
         printed_version=PRINTED_VERSION,
-        model=a["model_path"],
-        served_model_name=a["served_model_name"] or a["model_path"],
-        dtype=a["dtype"],
+        **model_fields(a),
         tensor_parallel_size=tp,
         gpu_memory_mib=gpu_memory_mib,
         chunked_prefill=chunked,
@@ -134,15 +133,45 @@ def resolve(
         prefix_caching=prefix,
         context_len=context_len,
         schedule_policy=policy,
-        max_num_seqs=None,
-        max_running_requests=a["max_running_requests"],
-        max_total_tokens=a["max_total_tokens"],
-        block_size=None,
+        **pool_fields(a),
         memory_fraction=frac,
         cuda_graph_max_bs=int(graph_bs),
         overlap_schedule=overlap,
         flags=f.flags,
         rules=_rules(f, rule),
+    )
+
+
+class ModelFields(TypedDict):
+    model: str
+    served_model_name: str
+    dtype: str
+
+
+def model_fields(a: Mapping[str, Any]) -> ModelFields:
+    """The model an SGLang server serves, under which name, in which dtype (every family)."""
+    return ModelFields(
+        model=a["model_path"],
+        served_model_name=a["served_model_name"] or a["model_path"],
+        dtype=a["dtype"],
+    )
+
+
+class PoolFields(TypedDict):
+    max_num_seqs: None
+    max_running_requests: int | None
+    max_total_tokens: int | None
+    block_size: None
+
+
+def pool_fields(a: Mapping[str, Any]) -> PoolFields:
+    """SGLang's request and token pools as flagged (resolved at run time when not), and the two
+    vLLM-only fields, None (every family)."""
+    return PoolFields(
+        max_num_seqs=None,
+        max_running_requests=a["max_running_requests"],
+        max_total_tokens=a["max_total_tokens"],
+        block_size=None,
     )
 
 
@@ -534,13 +563,6 @@ STARTUP_LOG_STYLE = StartupLogStyle(
 )
 
 
-def render_startup_log(
-    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
-) -> list[str]:
-    """SGLang 0.4.1's start-up log (`render_log` in its `STARTUP_LOG_STYLE`)."""
-    return render_log(STARTUP_LOG_STYLE, r, kv_tokens, weights_gib, t0, kv_bytes)
-
-
 # ------------------------------------------------------------------------------- the registry entry
 
 # A COMPLETE `ServerArgs(...)` line without any 0.5 field (a cut line tells no family).
@@ -596,6 +618,7 @@ SPEC = EngineSpec(
     metric_map=METRIC_MAP,
     metric_series=METRICS,
     entrypoint=("python3", "-m", "sglang.launch_server"),
-    render_startup_log=render_startup_log,
+    # one renderer for both families, in this family's style
+    render_startup_log=functools.partial(render_log, STARTUP_LOG_STYLE),
     openai=OPENAI,
 )

@@ -41,8 +41,8 @@ request_time_per_output_token_seconds replace it); retractions are counted
 
 from __future__ import annotations
 
+import functools
 import re
-from datetime import datetime
 from typing import Any
 
 from servelab.engines import _cli_tables_sglang_v05 as tables
@@ -217,9 +217,7 @@ def resolve(
         engine="sglang_v05",
         version=version,
         printed_version=None,
-        model=a["model_path"],
-        served_model_name=a["served_model_name"] or a["model_path"],
-        dtype=a["dtype"],
+        **sglang.model_fields(a),
         tensor_parallel_size=tp,
         gpu_memory_mib=gpu_memory_mib,
         chunked_prefill=chunked,
@@ -229,10 +227,7 @@ def resolve(
         prefix_caching=prefix,
         context_len=context_len,
         schedule_policy=policy,
-        max_num_seqs=None,
-        max_running_requests=a["max_running_requests"],
-        max_total_tokens=a["max_total_tokens"],
-        block_size=None,
+        **sglang.pool_fields(a),
         memory_fraction=frac,
         cuda_graph_max_bs=None if graphs_off else int(max_bs),
         overlap_schedule=not a["disable_overlap_schedule"],
@@ -417,13 +412,6 @@ STARTUP_LOG_STYLE = sglang.StartupLogStyle(
 )
 
 
-def render_startup_log(
-    r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
-) -> list[str]:
-    """SGLang 0.5.23's start-up log (`sglang.render_log` in its `STARTUP_LOG_STYLE`)."""
-    return sglang.render_log(STARTUP_LOG_STYLE, r, kv_tokens, weights_gib, t0, kv_bytes)
-
-
 # ------------------------------------------------------------------------------- the registry entry
 
 SPEC = EngineSpec(
@@ -467,7 +455,8 @@ SPEC = EngineSpec(
     # its first .labels()): a run with none, the normal case, has no such series
     metric_lazy=frozenset({"sglang:num_retracted_requests_total"}),
     entrypoint=("python3", "-m", "sglang.launch_server"),
-    render_startup_log=render_startup_log,
+    # one renderer for both families, in this family's style
+    render_startup_log=functools.partial(sglang.render_log, STARTUP_LOG_STYLE),
     product="sglang",
     family="0.5",
     releases=(VERSION,),

@@ -39,7 +39,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from servelab.engines import _cli_tables
 from servelab.engines.base import (
@@ -157,15 +157,24 @@ def resolve(
         context_len=max_model_len,
         schedule_policy=a["scheduling_policy"],
         max_num_seqs=int(a["max_num_seqs"]),
-        max_running_requests=None,
-        max_total_tokens=None,
         block_size=block_size,
         memory_fraction=util,
         cuda_graph_max_bs=None,
-        overlap_schedule=None,
+        **NOT_IN_VLLM,
         flags=f.flags,
         rules=_rules(f, rule),
     )
+
+
+class NotInVllm(TypedDict):
+    """The resolved fields only SGLang has: every vLLM family resolves them to None."""
+
+    max_running_requests: None
+    max_total_tokens: None
+    overlap_schedule: None
+
+
+NOT_IN_VLLM = NotInVllm(max_running_requests=None, max_total_tokens=None, overlap_schedule=None)
 
 
 def _rules(f: EngineFlags, chunked_rule: str) -> dict[str, str]:

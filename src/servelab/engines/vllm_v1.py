@@ -227,12 +227,10 @@ def resolve(
         context_len=max_model_len,
         schedule_policy=a["scheduling_policy"],
         max_num_seqs=seqs,
-        max_running_requests=None,
-        max_total_tokens=None,
         block_size=block_size,
         memory_fraction=util,
         cuda_graph_max_bs=graph_bs,
-        overlap_schedule=None,
+        **vllm.NOT_IN_VLLM,
         flags=f.flags,
         rules=rules,
     )
