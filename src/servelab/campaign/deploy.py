@@ -20,7 +20,7 @@ from servelab.artifacts import (
     write_json,
     write_text,
 )
-from servelab.deploy import Deployed, get_backend
+from servelab.deploy import Backend, Deployed, get_backend
 from servelab.deploy.manifests import render_deployment
 from servelab.engines import check_resolved, parse_startup_log
 
@@ -62,6 +62,16 @@ def backend_deployment(identity: Mapping[str, Any]) -> dict[str, Any]:
     """A deployment's identity (servelab.grid.identity.deployment_identity) as a backend is given
     it: everything but where it runs (backend, GPU, model)."""
     return {k: v for k, v in identity.items() if k not in ("backend", "gpu", "model")}
+
+
+def backend_for(identity: Mapping[str, Any], kubernetes: Mapping[str, Any]) -> Backend:
+    """The backend a deployment's identity names, from the registry, for its GPU and model."""
+    return get_backend(
+        str(identity["backend"]),
+        gpu=dict(identity["gpu"]),
+        model=dict(identity["model"]),
+        kubernetes=kubernetes,
+    )
 
 
 def gate(deployment: Mapping[str, Any], startup_log: str) -> dict[str, Any]:
@@ -109,10 +119,7 @@ def deploy(
     """
     backend = str(identity["backend"])
     deployment = backend_deployment(identity)
-    impl = get_backend(
-        backend, gpu=dict(identity["gpu"]), model=dict(identity["model"]), kubernetes=kubernetes
-    )
-    deployed = impl.deploy(
+    deployed = backend_for(identity, kubernetes).deploy(
         deployment, manifest_path=manifest_path, startup_log_path=startup_log_path
     )
     if backend != "sim":

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servelab.campaign.deploy import backend_deployment
-from servelab.deploy import get_backend
+from servelab.campaign.deploy import backend_deployment, backend_for
 
 __all__ = ["restart_experiment"]
 
@@ -32,9 +31,7 @@ def restart_experiment(
             f"the restart experiment restarts real pods: backend {backend!r} has none "
             "(run it with --config backend=kubernetes)"
         )
-    impl = get_backend(
-        backend, gpu=dict(identity["gpu"]), model=dict(identity["model"]), kubernetes=kubernetes
-    )
+    impl = backend_for(identity, kubernetes)
     deployment = backend_deployment(identity)
     # Only a backend with real pods restarts them (servelab.deploy.kubernetes.KubernetesBackend).
     record: dict[str, Any] = impl.restart_timeline(  # type: ignore[attr-defined]
