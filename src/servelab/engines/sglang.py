@@ -126,10 +126,7 @@ def resolve(
         **model_fields(a),
         tensor_parallel_size=tp,
         gpu_memory_mib=gpu_memory_mib,
-        chunked_prefill=chunked,
-        chunked_prefill_rule=rule,
-        chunk_size=size if chunked else None,
-        token_budget=int(a["max_prefill_tokens"]),
+        **prefill_fields(a, chunked=chunked, rule=rule, size=size),
         prefix_caching=prefix,
         context_len=context_len,
         schedule_policy=policy,
@@ -154,6 +151,26 @@ def model_fields(a: Mapping[str, Any]) -> ModelFields:
         model=a["model_path"],
         served_model_name=a["served_model_name"] or a["model_path"],
         dtype=a["dtype"],
+    )
+
+
+class PrefillFields(TypedDict):
+    chunked_prefill: bool
+    chunked_prefill_rule: str
+    chunk_size: int | None
+    token_budget: int
+
+
+def prefill_fields(
+    a: Mapping[str, Any], *, chunked: bool, rule: str, size: int | None
+) -> PrefillFields:
+    """How prefill is chunked (`size` tokens a chunk when `chunked`, by `rule`) and the
+    --max-prefill-tokens budget of one prefill batch (every family)."""
+    return PrefillFields(
+        chunked_prefill=chunked,
+        chunked_prefill_rule=rule,
+        chunk_size=size if chunked else None,
+        token_budget=int(a["max_prefill_tokens"]),
     )
 
 
@@ -206,29 +223,44 @@ def _rules(f: EngineFlags, chunk_rule: str) -> dict[str, str]:
     }
 
 
-def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> RuntimeLimits:
-    """The limits SGLang derives once its KV pool holds `kv_capacity_tokens` (module docstring)."""
-    ctx = resolved.context_len
-    total = kv_capacity_tokens
+def pool_tokens(resolved: ResolvedConfig, kv_capacity_tokens: int) -> int:
+    """The KV pool's tokens: the allocated capacity, capped by --max-total-tokens (both families)."""
     if resolved.max_total_tokens is not None:
-        total = min(total, resolved.max_total_tokens)
-    max_num_reqs = resolved.max_running_requests
-    if max_num_reqs is None:
-        max_num_reqs = min(max(int(total / ctx * 512), 2048), 4096)
-    pool = max_num_reqs + 1
-    wanted = total // 2 if resolved.max_running_requests is None else resolved.max_running_requests
-    max_req_len = min(ctx - 1, total - 1)
-    if max_req_len - 5 <= 0:
+        return min(kv_capacity_tokens, resolved.max_total_tokens)
+    return kv_capacity_tokens
+
+
+def pool_limits(
+    resolved: ResolvedConfig, kv_capacity_tokens: int, max_running_requests: int
+) -> RuntimeLimits:
+    """The limits of a pool of `pool_tokens` running at most `max_running_requests`, with 0.4.1's
+    prompt limit, which 0.5.23 keeps: scheduler.py's max_req_len = min(context_len - 1,
+    max_total_num_tokens - 1), and max_req_input_len = max_req_len - 5. A pool too small for one
+    prompt or one request refuses to start."""
+    total = pool_tokens(resolved, kv_capacity_tokens)
+    max_req_len = min(resolved.context_len - 1, total - 1)
+    if max_req_len - 5 <= 0 or max_running_requests < 1:
         raise ResolutionError(
             f"kv_capacity_tokens={kv_capacity_tokens}: memory pool size is too small"
         )
     return RuntimeLimits(
         kv_capacity_tokens=total,
         num_gpu_blocks=None,
-        max_running_requests=min(wanted, pool),
+        max_running_requests=max_running_requests,
         prompt_limit=max_req_len - 5,
         max_concurrency=None,
     )
+
+
+def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> RuntimeLimits:
+    """The limits SGLang derives once its KV pool holds `kv_capacity_tokens` (module docstring)."""
+    total = pool_tokens(resolved, kv_capacity_tokens)
+    max_num_reqs = resolved.max_running_requests
+    if max_num_reqs is None:
+        max_num_reqs = min(max(int(total / resolved.context_len * 512), 2048), 4096)
+    pool = max_num_reqs + 1
+    wanted = total // 2 if resolved.max_running_requests is None else resolved.max_running_requests
+    return pool_limits(resolved, kv_capacity_tokens, min(wanted, pool))
 
 
 # ------------------------------------------------------------------------------ start-up log

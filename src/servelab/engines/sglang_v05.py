@@ -41,6 +41,7 @@ request_time_per_output_token_seconds replace it); retractions are counted
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Any
@@ -60,7 +61,6 @@ from servelab.engines.logtext import (
     Reader,
     token,
 )
-from servelab.engines.spec import EngineSpec, LogFormat
 
 __all__ = ["SPEC", "cuda_graph_sizes"]
 
@@ -220,10 +220,7 @@ def resolve(
         **sglang.model_fields(a),
         tensor_parallel_size=tp,
         gpu_memory_mib=gpu_memory_mib,
-        chunked_prefill=chunked,
-        chunked_prefill_rule=rules["chunked_prefill"],
-        chunk_size=size if chunked else None,
-        token_budget=int(a["max_prefill_tokens"]),
+        **sglang.prefill_fields(a, chunked=chunked, rule=rules["chunked_prefill"], size=size),
         prefix_caching=prefix,
         context_len=context_len,
         schedule_policy=policy,
@@ -238,26 +235,12 @@ def resolve(
 
 def runtime_limits(resolved: ResolvedConfig, kv_capacity_tokens: int) -> RuntimeLimits:
     """kv_cache_configurator.py::resolve_max_num_reqs, and the prompt limit of 0.4.1 (docstring)."""
-    ctx = resolved.context_len
-    total = kv_capacity_tokens
-    if resolved.max_total_tokens is not None:
-        total = min(total, resolved.max_total_tokens)
+    total = sglang.pool_tokens(resolved, kv_capacity_tokens)
     if resolved.max_running_requests is None:
-        running = min(max(min(int(total / ctx * 512), 4096), 2048), total // 2)
+        running = min(max(min(int(total / resolved.context_len * 512), 4096), 2048), total // 2)
     else:
         running = min(max(1, resolved.max_running_requests), total // 2)
-    max_req_len = min(ctx - 1, total - 1)
-    if max_req_len - 5 <= 0 or running < 1:
-        raise ResolutionError(
-            f"kv_capacity_tokens={kv_capacity_tokens}: memory pool size is too small"
-        )
-    return RuntimeLimits(
-        kv_capacity_tokens=total,
-        num_gpu_blocks=None,
-        max_running_requests=running,
-        prompt_limit=max_req_len - 5,
-        max_concurrency=None,
-    )
+    return sglang.pool_limits(resolved, kv_capacity_tokens, running)
 
 
 # ------------------------------------------------------------------------------ start-up log
@@ -414,31 +397,30 @@ STARTUP_LOG_STYLE = sglang.StartupLogStyle(
 
 # ------------------------------------------------------------------------------- the registry entry
 
-SPEC = EngineSpec(
+# SGLang 0.4.1's entry with what 0.5.23 changed: its release, argument table, resolution, log
+# markers and metrics. The record and ready lines, the entry point, the product and the OpenAI
+# dialect the live sim server speaks (servelab's choice: 0.5.23's own server is not imitated
+# there) stay 0.4.1's.
+SPEC = dataclasses.replace(
+    sglang.SPEC,
     name="sglang_v05",
     title="SGLang 0.5",
+    family="0.5",
+    family_versions=">=0.5,<0.6",
+    releases=(VERSION,),
     version=VERSION,
     printed_version=None,
     flag_table=tables.SGLANG_0_5_23,
     required_flags=REQUIRED_FLAGS,
     resolve=resolve,
     runtime_limits=runtime_limits,
-    log=LogFormat(
-        record=sglang.RECORD,
+    log=dataclasses.replace(
+        sglang.SPEC.log,
         markers=MARKERS,
         marker_words=MARKER_WORDS,
         marker_hint="'server_args={...}', 'max_total_num_tokens=...'",
-        ready=sglang.READY,
         read=read_log,
-        facts=(
-            "max_total_num_tokens",
-            "max_prefill_tokens",
-            "max_running_requests",
-            "mem_fraction_static",
-            "cuda_graph_max_bs",
-            "tp_size",
-            "kv_cache_tokens",
-        ),
+        facts=(*sglang.SPEC.log.facts, "kv_cache_tokens"),
         family_marks=(
             re.compile(r"server_args=\{'model_path': "),
             re.compile(rf"server_args=ServerArgs\(.*\b{sglang.FIELDS_SINCE_0_5}="),
@@ -454,14 +436,6 @@ SPEC = EngineSpec(
     # created at the first retraction (prometheus_client's labelled counter has no series before
     # its first .labels()): a run with none, the normal case, has no such series
     metric_lazy=frozenset({"sglang:num_retracted_requests_total"}),
-    entrypoint=("python3", "-m", "sglang.launch_server"),
     # one renderer for both families, in this family's style
     render_startup_log=functools.partial(sglang.render_log, STARTUP_LOG_STYLE),
-    product="sglang",
-    family="0.5",
-    releases=(VERSION,),
-    family_versions=">=0.5,<0.6",
-    # The live sim server speaks SGLang 0.4.1's OpenAI dialect for this family too (servelab's
-    # choice; 0.5.23's own server is not imitated there).
-    openai=sglang.OPENAI,
 )

@@ -486,6 +486,10 @@ def _vllm_namespace(args: dict[str, Any]) -> str:
 def render_startup_log(
     r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
 ) -> list[str]:
+    """vLLM 0.6.3's start-up log for `r`: the API server's `args: Namespace(...)`, the engine
+    config line, the chunked-prefill lines of EngineArgs.create_engine_config, the GPU and CPU
+    block counts (swap space over block bytes) and the readiness line, in the logging format of
+    vllm/logger.py (`LEVEL MM-DD HH:MM:SS file:line] message`)."""
     parsed = _parsed(r)
     a = dict(parsed.args)
     limits = runtime_limits(r, kv_tokens)

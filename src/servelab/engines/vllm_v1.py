@@ -437,6 +437,10 @@ def _non_default(parsed: EngineFlags) -> dict[str, Any]:
 def render_startup_log(
     r: ResolvedConfig, kv_tokens: int, weights_gib: float, t0: datetime, kv_bytes: int
 ) -> list[str]:
+    """vLLM V1's start-up log for `r`: the API server and the engine core as two processes
+    (`(APIServer pid=1)` and `(EngineCore pid=N)` prefixes), the logo, `non-default args: {...}`
+    (only what the flags changed), the resolved chunked-prefill budget, the KV cache size and the
+    readiness line."""
     parsed = _parsed(r)
     a = dict(parsed.args)
     limits = runtime_limits(r, kv_tokens)
