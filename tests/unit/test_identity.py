@@ -98,4 +98,5 @@ def test_operational_settings_fill_defaults(study_config: dict[str, Any]) -> Non
     ops = identity.operational_settings(study_config)
     assert ops["kubernetes"]["timeouts"]["poll_s"] == 5.0
     assert "request_timeout_s" not in ops["dispatch"]
-    assert set(ops["campaign"]) == {"pause_between_runs_s", "retries", "faults"}
+    assert set(ops["campaign"]) == {"pause_between_runs_s", "retries", "gpu_nodes", "faults"}
+    assert ops["campaign"]["gpu_nodes"] == 1

@@ -14,11 +14,32 @@ from typing import Any, Protocol, TypedDict
 
 from servelab.grid.settings import DispatchSettings, TelemetrySettings
 
-__all__ = ["Backend", "Deployed", "Gate", "RunRequest"]
+__all__ = ["Backend", "Deployed", "Gate", "NodeSlot", "RunRequest"]
 
 # The resolved-configuration gate: (deployment, start-up log text) -> the configuration the log
 # shows; raises (servelab.engines.ResolvedConfigMismatch) when it is not what the arm expects.
 Gate = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    """The GPU node a job measures on: slot `index` of `count` (config `campaign.gpu_nodes`;
+    servelab.grid.config.node_slot pins each deployment to one). Operational: where a block runs,
+    never what it measures. The sim backend names a virtual node by it, the local backend keeps
+    one engine server per slot, the kubernetes backend schedules onto the node that carries the
+    slot's label."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"node slot {self.index} of {self.count}: need 0 <= slot < count")
+
+    @property
+    def name(self) -> str:
+        """`node{index}`: the slot's name in node identities, logs and Snakemake resources."""
+        return f"node{self.index}"
 
 
 @dataclass(frozen=True)

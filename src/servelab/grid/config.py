@@ -52,8 +52,11 @@ __all__ = [
     "floor_blocks",
     "floor_run_config",
     "floor_settings",
+    "gpu_nodes",
     "load_config",
     "local_serves_real",
+    "node_slot",
+    "node_slots",
     "prepare_config",
     "read_config_file",
     "runs",
@@ -604,6 +607,48 @@ def deployments(config: Mapping[str, Any], run_list: list[Run] | None = None) ->
         run_list = runs(config)
     ids = [deployment_for(config, r.arm, r.engine, r.condition).id for r in run_list]
     return list(dict.fromkeys(ids))
+
+
+def gpu_nodes(config: Mapping[str, Any]) -> int:
+    """Config `campaign.gpu_nodes`: how many GPU nodes measure in parallel (default 1)."""
+    return int((config.get("campaign") or {}).get("gpu_nodes", 1))
+
+
+def node_slots(config: Mapping[str, Any]) -> dict[str, int]:
+    """Each of the grid's deployments pinned to one of `campaign.gpu_nodes` node slots (0..N-1),
+    so that its blocks (and its floor) run on one node with one cache history, as in the study.
+
+    Balanced by the arrival time each deployment measures (the sum of its runs' `duration_s`):
+    longest first, each to the least-loaded slot, ties to the lower slot and, between equal
+    deployments, to first-use order. Depends only on the grid and N, so every job of one
+    invocation, and a resumed one, agrees; it is operational (servelab.grid.identity): where a
+    block runs, never what it measures."""
+    n = gpu_nodes(config)
+    cond = conditions(config)
+    order: dict[str, int] = {}
+    load: dict[str, float] = {}
+    for run in runs(config):
+        d = deployment_for(config, run.arm, run.engine, run.condition).id
+        order.setdefault(d, len(order))
+        load[d] = load.get(d, 0.0) + cond[run.condition].duration_s
+    slot_load = [0.0] * n
+    slots: dict[str, int] = {}
+    for d in sorted(order, key=lambda d: (-load[d], order[d])):
+        k = min(range(n), key=lambda i: (slot_load[i], i))
+        slots[d] = k
+        slot_load[k] += load[d]
+    return {d: slots[d] for d in order}
+
+
+def node_slot(config: Mapping[str, Any], deployment_id: str) -> int:
+    """The node slot of `deployment_id`: the grid's assignment (`node_slots`); a deployment outside
+    the grid (a capacity search's, `capacity-{search}`) by the first 63 bits of its id's SHA-256,
+    modulo N."""
+    slots = node_slots(config)
+    if deployment_id in slots:
+        return slots[deployment_id]
+    digest = int(hashlib.sha256(deployment_id.encode()).hexdigest()[:16], 16) >> 1
+    return digest % gpu_nodes(config)
 
 
 def trace_seed(campaign_seed: int, condition: str, rep: str) -> int:

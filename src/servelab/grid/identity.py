@@ -67,6 +67,8 @@ CLASSIFICATION: dict[str, dict[str, Kind]] = {
         "success_threshold": IDENTITY,
         "pause_between_runs_s": OPERATIONAL,
         "retries": OPERATIONAL,
+        # where a block runs, never what it measures: N nodes give the artifacts of one
+        "gpu_nodes": OPERATIONAL,
         "faults": OPERATIONAL,
     },
     "telemetry": {

@@ -139,6 +139,7 @@ class CampaignSettings(_ConfigSection):
     pause_between_runs_s: float
     success_threshold: float
     retries: int
+    gpu_nodes: int = 1
     faults: tuple[dict[str, Any], ...] = ()
 
 
