@@ -1,8 +1,10 @@
 """State of the fake cluster: objects, one GPU node, and scripted engine pod lifecycles.
 
-Only what the kubernetes backend uses is modelled. Object shapes follow the Kubernetes API
-reference (v1.35): apps/v1 Deployment, v1 Service / PersistentVolumeClaim / Pod / Node / Event,
-monitoring.coreos.com/v1 PodMonitor, and metav1 Status for errors.
+Only what servelab uses is modelled. Object shapes follow the Kubernetes API reference (v1.35):
+apps/v1 Deployment, v1 Service / PersistentVolumeClaim / Pod / Node / Event / ServiceAccount /
+ConfigMap, monitoring.coreos.com/v1 PodMonitor, batch/v1 Job, rbac.authorization.k8s.io/v1
+Role / RoleBinding / ClusterRole / ClusterRoleBinding (stored, never enforced), and metav1 Status
+for errors.
 
 Time is a fake clock that advances by `tick_s` each time a client *polls* pods (list, get), so a
 test's waits are deterministic and take milliseconds. Every pod transition is stamped with the
@@ -15,6 +17,13 @@ image already on the node, only a `Pulled` event) -> container started (`start_s
 (`ready_s`; None = never). A deleted pod is gone `terminate_s` after the request. A pod whose
 Secret is missing stays in CreateContainerConfigError. A Deployment without a live pod gets a new
 one, as its ReplicaSet would.
+
+Pods that request no GPU (the campaign Job's, the fetch helper's) run on a CPU node and need no
+free GPU; their script is looked up by container name (a default one otherwise). A script with
+`exit_after_s` ends its container with `exit_code`. The Job controller (fakekube.batch) gives a
+Job one pod at a time, replaces a pod that is gone only once it has terminated (as
+`podReplacementPolicy: Failed` does), counts it as failed, and fails the Job past `backoffLimit`.
+A PersistentVolumeClaim's content is a local folder (`volumes`), which `exec` of `tar` reads.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 START = datetime(2026, 1, 5, 9, 0, 0, tzinfo=UTC).timestamp()
@@ -35,7 +45,17 @@ GVR = {
     "podmonitors": ("monitoring.coreos.com", "PodMonitor"),
     "pods": ("", "Pod"),
     "events": ("", "Event"),
+    "jobs": ("batch", "Job"),
+    "serviceaccounts": ("", "ServiceAccount"),
+    "configmaps": ("", "ConfigMap"),
+    "roles": ("rbac.authorization.k8s.io", "Role"),
+    "rolebindings": ("rbac.authorization.k8s.io", "RoleBinding"),
+    "clusterroles": ("rbac.authorization.k8s.io", "ClusterRole"),
+    "clusterrolebindings": ("rbac.authorization.k8s.io", "ClusterRoleBinding"),
 }
+# Cluster-scoped resources are stored under this namespace.
+CLUSTER = ""
+CPU_NODE = "gke-servelab-default-pool-3c9e1d7a-q8w2"
 
 
 def rfc3339(t: float) -> str:
@@ -77,6 +97,13 @@ class PodScript:
     start_s: float = 1.0
     ready_s: float | None = 120.0
     terminate_s: float = 5.0
+    # The container ends this long after it started (None: it runs until deleted), with this code.
+    exit_after_s: float | None = None
+    exit_code: int = 0
+
+
+# Pods whose container has no script of its own: on the node at once, ready when started.
+DEFAULT_SCRIPT = PodScript("", schedule_s=1.0, pull_s=None, start_s=1.0, ready_s=0.0)
 
 
 @dataclass
@@ -95,6 +122,11 @@ class _PodState:
     gone: float | None = None
     blocked_secret: str | None = None
     done: set[str] = field(default_factory=set)
+    gpu: bool = True  # requests the GPU: waits for it, runs on the GPU node
+    job: str | None = None  # the Job that owns the pod
+    finished: float | None = None  # the container exited (exit_code)
+    exit_code: int | None = None
+    counted: bool = False  # counted in its Job's status (succeeded or failed)
 
 
 class FakeCluster:
@@ -109,6 +141,7 @@ class FakeCluster:
         crds: bool = True,
         tick_s: float = 1.0,
         spot: bool = True,
+        volumes: dict[str, Path] | None = None,
     ) -> None:
         self.lock = threading.RLock()
         self.scripts = scripts
@@ -116,6 +149,8 @@ class FakeCluster:
         # (namespace, name) -> {key: value}. Held to model a missing Secret; never served.
         self.secrets = dict(secrets or {})
         self.crds = crds
+        # claim name -> the local folder standing for its content (read by `exec` of tar)
+        self.volumes = dict(volumes or {})
         self.tick_s = tick_s
         self.now = START
         self.requests: list[tuple[str, str]] = []
@@ -251,7 +286,7 @@ class FakeCluster:
         return out
 
     def create(self, resource: str, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        if ns not in self.namespaces:
+        if ns != CLUSTER and ns not in self.namespaces:
             raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
         if resource == "podmonitors" and not self.crds:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -278,6 +313,9 @@ class FakeCluster:
             obj["status"] = {"loadBalancer": {}}
         if resource == "persistentvolumeclaims":
             obj["status"] = {"phase": "Pending"}
+        if resource == "jobs":
+            meta["generation"] = 1
+            obj["status"] = {}
         self.objects[(resource, ns, name)] = obj
         self.reconcile()
         return copy.deepcopy(obj)
@@ -326,6 +364,10 @@ class FakeCluster:
                 self._request_pod_deletion(state)
             return copy.deepcopy(self.objects[(resource, ns, name)])
         gone = self.objects.pop((resource, ns, name))
+        if resource == "jobs":
+            from .batch import delete_job  # the Job controller's garbage collection
+
+            return delete_job(self, ns, gone)
         if resource != "deployments":
             return gone  # services and custom objects: the API returns the deleted object
         for state in self.pods.values():
@@ -363,7 +405,7 @@ class FakeCluster:
                 "BadRequest",
                 f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating',
             )
-        lines = self.scripts[state.engine].log.splitlines(keepends=True)
+        lines = self.script(state).log.splitlines(keepends=True)
         return "".join(line for line in lines if not line.startswith("# source:"))
 
     def _request_pod_deletion(self, state: _PodState) -> None:
@@ -394,7 +436,6 @@ class FakeCluster:
         dname = deployment["metadata"]["name"]
         name = f"{dname}-{rs_hash}-{suffix}"
         spec = copy.deepcopy(template["spec"])
-        engine = spec["containers"][0]["name"]
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -421,8 +462,8 @@ class FakeCluster:
             "spec": {**spec, "restartPolicy": "Always", "schedulerName": "default-scheduler"},
             "status": {"phase": "Pending", "qosClass": "Burstable"},
         }
-        self.objects[("pods", ns, name)] = pod
-        state = _PodState(name, engine, dname, thash, created=self.now)
+        state = self.add_pod(ns, pod, owner_hash=thash)
+        state.deployment = dname
         for env in spec["containers"][0].get("env") or []:
             ref = (env.get("valueFrom") or {}).get("secretKeyRef")
             if ref and (
@@ -430,7 +471,6 @@ class FakeCluster:
                 or ref["key"] not in self.secrets[(ns, ref["name"])]
             ):
                 state.blocked_secret = ref["name"]
-        self.pods[name] = state
 
     def _event(
         self, state: _PodState, reason: str, message: str, t: float, *, scheduler: bool = False
@@ -505,9 +545,14 @@ class FakeCluster:
             active = [p for p in current if p.delete_requested is None]
             if not active and not old_left:
                 self._create_pod(ns, dep)  # the ReplicaSet replaces a deleted or vanished pod
+        from .batch import reconcile_jobs  # the Job controller
+
+        reconcile_jobs(self)
         for state in sorted(self.pods.values(), key=lambda s: s.created):
-            if state.gone is None:
+            if state.gone is None and state.finished is None:
                 self._advance(state)
+            elif state.finished is not None and state.delete_requested is not None:
+                self._advance(state)  # a finished pod being deleted goes
         for (res, _ns, _name), dep in self.objects.items():
             if res == "deployments":
                 dname = dep["metadata"]["name"]
@@ -522,13 +567,107 @@ class FakeCluster:
                 }
 
     def _gpu_holder(self, state: _PodState) -> _PodState | None:
+        if not state.gpu:
+            return None
         for other in self.pods.values():
-            if other is not state and other.gone is None and other.scheduled is not None:
+            if (
+                other is not state
+                and other.gpu
+                and other.gone is None
+                and other.scheduled is not None
+                and other.finished is None
+            ):
                 return other
         return None
 
+    def script(self, state: _PodState) -> PodScript:
+        """The pod's script: its container's, else the default one (a pod that is not an engine)."""
+        if state.gpu:
+            return self.scripts[state.engine]
+        return self.scripts.get(state.engine, DEFAULT_SCRIPT)
+
+    def _node_for(self, pod: dict[str, Any], state: _PodState) -> str:
+        given = pod["spec"].get("nodeName")
+        if given:
+            return str(given)
+        return self.node["metadata"]["name"] if state.gpu else CPU_NODE
+
+    def add_pod(
+        self, ns: str, pod: dict[str, Any], *, owner_job: str | None = None, owner_hash: str = ""
+    ) -> _PodState:
+        """Store a pod (status Pending) and its lifecycle state; the pod's first container names
+        its script."""
+        container = pod["spec"]["containers"][0]
+        limits = (container.get("resources") or {}).get("limits") or {}
+        state = _PodState(
+            pod["metadata"]["name"],
+            container["name"],
+            "",
+            owner_hash,
+            created=self.now,
+            gpu=any(key.endswith("/gpu") for key in limits),
+            job=owner_job,
+        )
+        pod.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
+        self.objects[("pods", ns, state.name)] = pod
+        self.pods[state.name] = state
+        return state
+
+    def create_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /pods: a bare pod (servelab campaign fetch's helper)."""
+        if ns not in self.namespaces:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+        name = body["metadata"]["name"]
+        if ("pods", ns, name) in self.objects:
+            raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
+        pod = copy.deepcopy(body)
+        pod["metadata"].update(
+            namespace=ns,
+            uid=self.uid(),
+            resourceVersion=self.rv(),
+            creationTimestamp=rfc3339(self.now),
+        )
+        pod["spec"].setdefault("schedulerName", "default-scheduler")
+        pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+        self.add_pod(ns, pod)
+        self.reconcile()
+        return copy.deepcopy(self.objects[("pods", ns, name)])
+
+    def _schedule(self, s: _PodState, script: PodScript, pod: dict[str, Any], ns: str) -> bool:
+        """The scheduler's part: True once the pod is bound to its node."""
+        if self._gpu_holder(s) is not None:
+            if "FailedScheduling" not in s.done:
+                s.done.add("FailedScheduling")
+                self._event(
+                    s,
+                    "FailedScheduling",
+                    "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't "
+                    "match Pod's node affinity/selector.",
+                    self.now,
+                    scheduler=True,
+                )
+            return False
+        due = s.created + script.schedule_s
+        if s.gpu:
+            due = max(due, self.gpu_free_since)
+        if self.now < due:
+            return False
+        s.scheduled = due
+        pod["spec"]["nodeName"] = self._node_for(pod, s)
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(due)}
+        ]
+        self._event(
+            s,
+            "Scheduled",
+            f"Successfully assigned {ns}/{s.name} to {pod['spec']['nodeName']}",
+            due,
+            scheduler=True,
+        )
+        return True
+
     def _advance(self, s: _PodState) -> None:
-        script = self.scripts[s.engine]
+        script = self.script(s)
         ns = _ns_of(self, s.name)
         pod = self.objects[("pods", ns, s.name)]
         # Termination first: a pod being deleted goes nowhere else.
@@ -536,37 +675,12 @@ class FakeCluster:
             due = s.delete_requested + script.terminate_s
             if self.now >= due:
                 s.gone = due
-                self.gpu_free_since = max(self.gpu_free_since, due)
+                if s.gpu:
+                    self.gpu_free_since = max(self.gpu_free_since, due)
                 self._remove_pod(s)
             return
-        if s.scheduled is None:
-            if self._gpu_holder(s) is not None:
-                if "FailedScheduling" not in s.done:
-                    s.done.add("FailedScheduling")
-                    self._event(
-                        s,
-                        "FailedScheduling",
-                        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't "
-                        "match Pod's node affinity/selector.",
-                        self.now,
-                        scheduler=True,
-                    )
-                return
-            due = max(s.created + script.schedule_s, self.gpu_free_since)
-            if self.now < due:
-                return
-            s.scheduled = due
-            pod["spec"]["nodeName"] = self.node["metadata"]["name"]
-            pod["status"]["conditions"] = [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(due)}
-            ]
-            self._event(
-                s,
-                "Scheduled",
-                f"Successfully assigned {ns}/{s.name} to {self.node['metadata']['name']}",
-                due,
-                scheduler=True,
-            )
+        if s.scheduled is None and not self._schedule(s, script, pod, ns):
+            return
         image = pod["spec"]["containers"][0]["image"]
         if s.blocked_secret is not None:
             if "blocked" not in s.done:
@@ -665,6 +779,31 @@ class FakeCluster:
             pod["status"]["containerStatuses"] = [
                 _container_status(s.engine, image, ready=True, running=s.started)
             ]
+        if s.finished is None and script.exit_after_s is not None and s.ready is not None:
+            due = s.started + script.exit_after_s
+            if self.now < due:
+                return
+            self._exit(s, pod, image, due, script.exit_code)
+
+    def _exit(self, s: _PodState, pod: dict[str, Any], image: str, when: float, code: int) -> None:
+        """The container ends: the pod is Succeeded (code 0) or Failed, and stays (a restartPolicy
+        Never pod is not restarted)."""
+        s.finished, s.exit_code = when, code
+        status = _container_status(s.engine, image, ready=False)
+        status["state"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": rfc3339(s.started or when),
+                "finishedAt": rfc3339(when),
+            }
+        }
+        status["started"] = False
+        pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+        pod["status"]["containerStatuses"] = [status]
+        for cond in pod["status"].get("conditions") or []:
+            if cond["type"] in ("Ready", "ContainersReady"):
+                cond.update(status="False", reason="PodCompleted", lastTransitionTime=rfc3339(when))
 
 
 def _container_status(

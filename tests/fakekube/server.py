@@ -1,6 +1,7 @@
 """A fake Kubernetes API server on 127.0.0.1 (stdlib http.server, in a thread).
 
-It serves ONLY the endpoints servelab's kubernetes backend calls:
+It serves ONLY the endpoints servelab calls (the kubernetes backend; `servelab campaign submit`,
+`status`, `logs`, `fetch`):
 
 | path | verbs |
 |---|---|
@@ -8,10 +9,20 @@ It serves ONLY the endpoints servelab's kubernetes backend calls:
 | /api/v1/namespaces/{ns}/services[/{name}] | POST, GET, PUT, DELETE |
 | /api/v1/namespaces/{ns}/persistentvolumeclaims[/{name}] | POST, GET |
 | /apis/monitoring.coreos.com/v1/namespaces/{ns}/podmonitors[/{name}] | POST, GET, PUT, DELETE |
-| /api/v1/namespaces/{ns}/pods[/{name}] | GET (list, one), DELETE |
+| /api/v1/namespaces/{ns}/pods[/{name}] | POST, GET (list, one), DELETE |
 | /api/v1/namespaces/{ns}/pods/{name}/log | GET (text/plain) |
+| /api/v1/namespaces/{ns}/pods/{name}/exec | GET, upgraded to a WebSocket (v4.channel.k8s.io) |
 | /api/v1/namespaces/{ns}/events | GET (list, fieldSelector) |
+| /api/v1/namespaces/{ns}/serviceaccounts[/{name}] | POST, GET |
+| /api/v1/namespaces/{ns}/configmaps[/{name}] | POST, GET, PUT |
 | /api/v1/nodes/{name} | GET |
+| /apis/batch/v1/namespaces/{ns}/jobs[/{name}] | POST, GET (list, one), DELETE |
+| /apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles, rolebindings[/{name}] | POST, GET, PUT |
+| /apis/rbac.authorization.k8s.io/v1/clusterroles, clusterrolebindings[/{name}] | POST, GET, PUT |
+
+`exec` runs only `tar -czf - -C DIR PATH...` over a claim's local folder (fakekube.batch): its
+output goes out as binary WebSocket frames on the stdout channel, then the exit status on the
+error channel, as the API server's exec does.
 
 Anything else answers 404 with a metav1.Status, and every request is recorded in
 `cluster.requests` so tests can assert what was (not) called, e.g. that no Secret was ever read.
@@ -20,9 +31,12 @@ The `Date` header carries the fake clock.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import re
+import struct
 import threading
 from collections.abc import Iterator
 from email.utils import formatdate
@@ -31,7 +45,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .cluster import ApiError, FakeCluster
+from .batch import exec_in_pod
+from .cluster import CLUSTER, ApiError, FakeCluster
 
 _NS = r"/namespaces/(?P<ns>[a-z0-9-]+)"
 ROUTES = [
@@ -44,20 +59,40 @@ ROUTES = [
     ),
     (
         re.compile(
-            rf"^/api/v1{_NS}/(?P<res>services|persistentvolumeclaims|pods|events)(?:/(?P<name>[^/]+))?(?P<log>/log)?$"
+            rf"^/api/v1{_NS}/(?P<res>services|persistentvolumeclaims|pods|events|serviceaccounts|configmaps)(?:/(?P<name>[^/]+))?(?P<sub>/log|/exec)?$"
         ),
         "v1",
     ),
     (re.compile(r"^/api/v1/(?P<res>nodes)/(?P<name>[^/]+)$"), "v1"),
+    (re.compile(rf"^/apis/batch/v1{_NS}/(?P<res>jobs)(?:/(?P<name>[^/]+))?$"), "batch/v1"),
+    (
+        re.compile(
+            rf"^/apis/rbac\.authorization\.k8s\.io/v1{_NS}/(?P<res>roles|rolebindings)(?:/(?P<name>[^/]+))?$"
+        ),
+        "rbac.authorization.k8s.io/v1",
+    ),
+    (
+        re.compile(
+            r"^/apis/rbac\.authorization\.k8s\.io/v1/(?P<res>clusterroles|clusterrolebindings)(?:/(?P<name>[^/]+))?$"
+        ),
+        "rbac.authorization.k8s.io/v1",
+    ),
 ]
 ALLOWED = {
     "deployments": {"POST", "GET", "PUT", "DELETE"},
     "services": {"POST", "GET", "PUT", "DELETE"},
     "persistentvolumeclaims": {"POST", "GET"},
     "podmonitors": {"POST", "GET", "PUT", "DELETE"},
-    "pods": {"GET", "DELETE"},
+    "pods": {"POST", "GET", "DELETE"},
     "events": {"GET"},
     "nodes": {"GET"},
+    "jobs": {"POST", "GET", "DELETE"},
+    "serviceaccounts": {"POST", "GET"},
+    "configmaps": {"POST", "GET", "PUT"},
+    "roles": {"POST", "GET", "PUT"},
+    "rolebindings": {"POST", "GET", "PUT"},
+    "clusterroles": {"POST", "GET", "PUT"},
+    "clusterrolebindings": {"POST", "GET", "PUT"},
 }
 LIST_KIND = {
     "deployments": "DeploymentList",
@@ -66,7 +101,43 @@ LIST_KIND = {
     "podmonitors": "PodMonitorList",
     "pods": "PodList",
     "events": "EventList",
+    "jobs": "JobList",
+    "serviceaccounts": "ServiceAccountList",
+    "configmaps": "ConfigMapList",
+    "roles": "RoleList",
+    "rolebindings": "RoleBindingList",
+    "clusterroles": "ClusterRoleList",
+    "clusterrolebindings": "ClusterRoleBindingList",
 }
+WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+STDOUT, STDERR, ERROR = 1, 2, 3
+FRAME_BYTES = 32 * 1024  # stdout goes out in frames of this size, as a real server splits it
+
+
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """One unmasked, final WebSocket frame (server to client, RFC 6455)."""
+    n = len(payload)
+    if n < 126:
+        head = bytes([0x80 | opcode, n])
+    elif n < 1 << 16:
+        head = bytes([0x80 | opcode, 126]) + struct.pack("!H", n)
+    else:
+        head = bytes([0x80 | opcode, 127]) + struct.pack("!Q", n)
+    return head + payload
+
+
+def _exit_status(command: list[str], code: int) -> dict[str, Any]:
+    """What the error channel carries at the end of an exec (metav1.Status)."""
+    if code == 0:
+        return {"metadata": {}, "status": "Success"}
+    return {
+        "metadata": {},
+        "status": "Failure",
+        "message": f"command terminated with non-zero exit code: error executing command "
+        f"{command}, exit code {code}",
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -97,6 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         cluster = self.cluster
+        if method == "GET" and url.path.endswith("/exec"):
+            self._exec(url.path, parse_qs(url.query))
+            return
         with cluster.lock:
             cluster.requests.append((method, url.path))
             try:
@@ -112,6 +186,43 @@ class _Handler(BaseHTTPRequestHandler):
                 ctype = "application/json"
         self._send(code, payload, ctype)
 
+    def _exec(self, path: str, query: dict[str, list[str]]) -> None:
+        """An exec: the WebSocket upgrade, then the command's stdout, stderr and exit status as
+        channel-prefixed binary frames, then a close frame."""
+        cluster = self.cluster
+        match = re.match(rf"^/api/v1{_NS}/pods/(?P<name>[^/]+)/exec$", path)
+        with cluster.lock:
+            cluster.requests.append(("GET", path))
+            try:
+                if not match or "websocket" not in (self.headers.get("Upgrade") or "").lower():
+                    raise ApiError(400, "BadRequest", "fake server: exec needs a WebSocket upgrade")
+                command = query.get("command", [])
+                container = (query.get("container") or [None])[-1]
+                out, err, code = exec_in_pod(
+                    cluster, match["ns"], match["name"], container, command
+                )
+            except ApiError as exc:
+                self._send(exc.code, exc.status())
+                return
+        key = self.headers["Sec-WebSocket-Key"]
+        accept = base64.b64encode(hashlib.sha1((key + WEBSOCKET_GUID).encode()).digest())
+        offered = [p.strip() for p in (self.headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept.decode())
+        if "v4.channel.k8s.io" in offered:
+            self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+        self.end_headers()
+        for start in range(0, len(out), FRAME_BYTES):
+            self.wfile.write(_frame(0x2, bytes([STDOUT]) + out[start : start + FRAME_BYTES]))
+        if err:
+            self.wfile.write(_frame(0x2, bytes([STDERR]) + err))
+        status = json.dumps(_exit_status(command, code)).encode()
+        self.wfile.write(_frame(0x2, bytes([ERROR]) + status))
+        self.wfile.write(_frame(0x8, struct.pack("!H", 1000)))
+        self.close_connection = True
+
     def _route(
         self, method: str, path: str, query: dict[str, str], body: dict[str, Any]
     ) -> tuple[int, Any, str]:
@@ -120,7 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
             m = pattern.match(path)
             if not m:
                 continue
-            res, name, ns = m["res"], m["name"], m.groupdict().get("ns")
+            res, name, ns = m["res"], m["name"], m.groupdict().get("ns") or CLUSTER
             if method not in ALLOWED[res]:
                 raise ApiError(405, "MethodNotAllowed", f"{method} {res} is not served by the fake")
             if res == "nodes":
@@ -130,7 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return 200, node, "application/json"
             if res == "pods" and method == "GET":
                 c.tick()  # polling pods is what moves the fake clock
-            if m.groupdict().get("log"):
+            if m.groupdict().get("sub") == "/log":
                 text = c.pod_log(ns, name, query.get("container"), query.get("previous") == "true")
                 if "limitBytes" in query:
                     text = text.encode()[: int(query["limitBytes"])].decode(errors="ignore")
@@ -162,6 +273,8 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(
                         400, "BadRequest", "the namespace of the object does not match the URL"
                     )
+                if res == "pods":
+                    return 201, c.create_pod(ns, body), "application/json"
                 return 201, c.create(res, ns, body), "application/json"
             if method == "PUT":
                 if body["metadata"]["name"] != name:

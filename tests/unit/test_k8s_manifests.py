@@ -540,6 +540,7 @@ _CHANGED_SETTING = {
     "engine_url": "http://{service}:{port}",
     "metrics_selector": {"pod": "{deployment_id}"},
     "timeouts": {"poll_s": 7},
+    "campaign_job": {"name": "table5", "volume": {"size": "50Gi"}},
 }
 
 

@@ -10,7 +10,8 @@ the checkout itself):
                         in a copy of the session's tiny campaign;
 - `servelab ...`        for real when quick and its inputs can be made here (REAL_SUBCOMMANDS; the
                         ones that read a campaign in the tiny campaign's copy), else
-                        `servelab <subcommand> --help`, which must list every option shown;
+                        `servelab <subcommand> --help`, which must list every option shown (so
+                        is one with an option that acts on a cluster, CLUSTER_OPTIONS);
 - `make TARGET`         as `make -n TARGET`;
 - `python|pytest ...`   with `--help`, which must list every option shown;
 - `tar ...`             for real, on the tiny campaign's bundle;
@@ -95,6 +96,9 @@ REAL_SUBCOMMANDS = frozenset(
 CAMPAIGN_SUBCOMMANDS = frozenset(
     {("table", "show"), ("campaign", "plan"), ("campaign", "status"), ("bundle",), ("verify",)}
 )
+# Options that make a servelab command act on a real cluster: shown as `--help` whatever the
+# subcommand (`servelab campaign status --cluster` reads a submitted Job, not a results folder).
+CLUSTER_OPTIONS = frozenset({"--cluster"})
 # Inputs the docs refer to by a path that only a user's campaign would have: made in the scratch copy
 # (a path under results/ is taken from the tiny campaign).
 DOCUMENTED_INPUTS = {
@@ -356,7 +360,8 @@ def plan(command: DocCommand) -> list[Plan]:
         return [Plan("make -n", ("make", "-n", *args))]
     if program == "servelab":
         paths = _subcommands(args)
-        if concrete and not command.inline and len(paths) == 1:
+        on_cluster = bool(CLUSTER_OPTIONS & set(args))
+        if concrete and not command.inline and len(paths) == 1 and not on_cluster:
             if paths[0] in REAL_SUBCOMMANDS:
                 return [Plan("run", (str(BIN / "servelab"), *args))]
             if paths[0] in CAMPAIGN_SUBCOMMANDS:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from functools import cache
 from pathlib import Path
 
 from servelab import __version__
 
-__all__ = ["git_commit", "servelab_version"]
+__all__ = ["COMMIT_ENV", "git_commit", "servelab_version"]
+
+# Where servelab runs without its .git (the image the repository's Dockerfile builds), the commit
+# it was built from, given at build time.
+COMMIT_ENV = "SERVELAB_GIT_COMMIT"
 
 
 def servelab_version() -> str:
@@ -17,7 +23,8 @@ def servelab_version() -> str:
 
 @cache
 def git_commit(cwd: str | None = None) -> str:
-    """The commit of the checkout servelab runs from ("unknown" outside git), "+dirty" if modified."""
+    """The commit of the checkout servelab runs from, "+dirty" if modified; outside git, the commit
+    $SERVELAB_GIT_COMMIT names (a built image's), else "unknown"."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
@@ -31,5 +38,6 @@ def git_commit(cwd: str | None = None) -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        given = os.environ.get(COMMIT_ENV, "").strip()
+        return given if re.fullmatch(r"[0-9a-f]{7,64}", given) else "unknown"
     return sha + ("+dirty" if dirty else "")

@@ -51,9 +51,11 @@ __all__ = [
     "deployment_templates",
     "labels_for",
     "load_rendered",
+    "pinned_by_digest",
     "render_deployment",
     "render_for",
     "resolve_settings",
+    "template_environment",
     "template_files",
     "templates_dir",
     "write_rendered",
@@ -177,6 +179,17 @@ def _to_yaml(value: Any, indent: int) -> str:
     return "\n".join(pad + line for line in text.splitlines())
 
 
+def pinned_by_digest(image: object) -> bool:
+    """True for `name[:tag]@sha256:<64 hex>`: an image whose bytes the reference fixes."""
+    return isinstance(image, str) and bool(_DIGEST.match(image))
+
+
+def template_environment(folder: Path) -> jinja2.Environment:
+    """The jinja2 environment every servelab template renders in (strict undefined, `q` and
+    `to_yaml` filters), loading from `folder`; one per folder."""
+    return _environment(str(folder))
+
+
 @cache
 def _environment(templates_dir: str) -> jinja2.Environment:
     env = jinja2.Environment(
@@ -234,7 +247,7 @@ def _check_inputs(
         )
     if engine not in ENGINE_COMMANDS:
         raise ManifestError(f"engine {engine!r}: expected one of {', '.join(ENGINE_COMMANDS)}")
-    if not isinstance(image, str) or not _DIGEST.match(image):
+    if not pinned_by_digest(image):
         raise ManifestError(
             f"image {image!r}: must be pinned by digest (name[:tag]@sha256:<64 hex>)"
         )

@@ -96,6 +96,8 @@ CLASSIFICATION: dict[str, dict[str, Kind]] = {
         "engine_url": OPERATIONAL,
         "metrics_selector": OPERATIONAL,
         "timeouts": OPERATIONAL,
+        # where the campaign's driver runs (a Job on the CPU node), never what it measures
+        "campaign_job": OPERATIONAL,
     },
 }
 

@@ -33,7 +33,9 @@ __all__ = [
     "SECTIONS",
     "STUDY_TABLE_CONDITIONS",
     "AnalysisSettings",
+    "CampaignJobSettings",
     "CampaignSettings",
+    "CampaignVolume",
     "CapacitySettings",
     "ConfigError",
     "DispatchSettings",
@@ -217,6 +219,43 @@ class PodMonitorSettings:
 
 
 @dataclass(frozen=True)
+class CampaignVolume:
+    """`kubernetes.campaign_job.volume`: the PersistentVolumeClaim the campaign Job keeps
+    `results/` and `.snakemake/` on (its state across pods: what makes a resumed Job redo
+    nothing)."""
+
+    claim_name: str = "servelab-campaign"
+    size: str = "20Gi"
+    storage_class: str | None = "standard-rwo"
+
+
+@dataclass(frozen=True)
+class CampaignJobSettings:
+    """`kubernetes.campaign_job`: the campaign itself as a Job on the CPU node
+    (`servelab campaign submit`; docs/kubernetes.md, "The campaign as a Job"). Operational:
+    where the driver runs, never what it measures."""
+
+    # Names the Job, its ServiceAccount, Role, RoleBinding and ConfigMap (and, with the
+    # namespace, its ClusterRole and ClusterRoleBinding).
+    name: str = "servelab-campaign"
+    # servelab's image, pinned by digest (the repository's Dockerfile); `submit --image` wins.
+    image: str | None = None
+    # The CPU node pool (GKE names its pods' pool by this label): the study's generator placement.
+    node_selector: dict[str, str] = field(
+        default_factory=lambda: {"cloud.google.com/gke-nodepool": "default-pool"}
+    )
+    resources: dict[str, str | int | float] = field(
+        default_factory=lambda: {"cpu": "2", "memory": "4Gi"}
+    )
+    volume: CampaignVolume = field(default_factory=CampaignVolume)
+    # Pods that fail (other than by a disruption: eviction, preemption, node shutdown, which
+    # never count) before the Job gives up.
+    backoff_limit: int = 3
+    # `servelab campaign fetch`: the longest the helper pod lives and the copy may take.
+    fetch_timeout_s: float = 3600.0
+
+
+@dataclass(frozen=True)
 class KubernetesSettings(_ConfigSection):
     """The config's `kubernetes:` section (docs/kubernetes.md says what each key does)."""
 
@@ -254,6 +293,7 @@ class KubernetesSettings(_ConfigSection):
         }
     )
     timeouts: KubernetesTimeouts = field(default_factory=KubernetesTimeouts)
+    campaign_job: CampaignJobSettings = field(default_factory=CampaignJobSettings)
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any] | KubernetesSettings | None) -> Self:
