@@ -1,4 +1,5 @@
-"""A fake Kubernetes API server for the kubernetes backend's tests (see server.py, cluster.py).
+"""A fake Kubernetes API server for the kubernetes backend's tests and the campaign Job's (see
+server.py, cluster.py, and batch.py: the Job controller and exec).
 
 Scenario logs under logs/ hold engine start-up logs in the real formats of vLLM 0.6.3 and
 SGLang 0.4.1 for the study's configurations (each file's first line says how it was made).

@@ -11,7 +11,7 @@ It serves ONLY the endpoints servelab calls (the kubernetes backend; `servelab c
 | /apis/monitoring.coreos.com/v1/namespaces/{ns}/podmonitors[/{name}] | POST, GET, PUT, DELETE |
 | /api/v1/namespaces/{ns}/pods[/{name}] | POST, GET (list, one), DELETE |
 | /api/v1/namespaces/{ns}/pods/{name}/log | GET (text/plain) |
-| /api/v1/namespaces/{ns}/pods/{name}/exec | GET, upgraded to a WebSocket (v4.channel.k8s.io) |
+| /api/v1/namespaces/{ns}/pods/{name}/exec | GET, upgraded to a WebSocket (v5 or v4.channel.k8s.io) |
 | /api/v1/namespaces/{ns}/events | GET (list, fieldSelector) |
 | /api/v1/namespaces/{ns}/serviceaccounts[/{name}] | POST, GET |
 | /api/v1/namespaces/{ns}/configmaps[/{name}] | POST, GET, PUT |
@@ -111,6 +111,7 @@ LIST_KIND = {
 }
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 STDOUT, STDERR, ERROR = 1, 2, 3
+PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 FRAME_BYTES = 32 * 1024  # stdout goes out in frames of this size, as a real server splits it
 
 
@@ -211,8 +212,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Upgrade", "websocket")
         self.send_header("Connection", "Upgrade")
         self.send_header("Sec-WebSocket-Accept", accept.decode())
-        if "v4.channel.k8s.io" in offered:
-            self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+        # the newest protocol offered, as a 1.30+ API server chooses (v5 adds a close signal
+        # the client sends; the frames servelab reads are the same)
+        chosen = next((p for p in PROTOCOLS if p in offered), None)
+        if chosen:
+            self.send_header("Sec-WebSocket-Protocol", chosen)
         self.end_headers()
         for start in range(0, len(out), FRAME_BYTES):
             self.wfile.write(_frame(0x2, bytes([STDOUT]) + out[start : start + FRAME_BYTES]))

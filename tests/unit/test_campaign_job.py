@@ -368,3 +368,56 @@ def test_the_campaign_label_finds_only_the_jobs_pods(volume: Path, tmp_path: Pat
         pods = [k for k in cluster.objects if k[0] == "pods"]
         [(_, _, name)] = pods
         assert cluster.objects[("pods", "servelab", name)]["metadata"]["labels"][CAMPAIGN_LABEL]
+
+
+class _StalledSocket:
+    """A WebSocket whose server sends one frame, then nothing."""
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.timeouts: list[float] = []
+
+    def settimeout(self, seconds: float) -> None:
+        self.timeouts.append(seconds)
+
+    def recv_data_frame(self, control_frame: bool) -> tuple[int, Any]:
+        from websocket import ABNF, WebSocketTimeoutException
+
+        if self.sent:
+            raise WebSocketTimeoutException("timed out")
+        self.sent = True
+        return ABNF.OPCODE_BINARY, type("Frame", (), {"data": b"\x01tar bytes"})()
+
+
+def test_a_stalled_copy_ends_at_its_deadline() -> None:
+    sock = _StalledSocket()
+    frames = kube_job._channel_frames(sock, lambda: 7.0)
+    assert next(frames) == (1, b"tar bytes")
+    with pytest.raises(KubernetesBackendError, match="did not end in time"):
+        next(frames)
+    assert sock.timeouts == [7.0, 7.0]  # each wait bounded by what is left of the deadline
+    with pytest.raises(KubernetesBackendError, match="did not end in time"):
+        next(kube_job._channel_frames(_StalledSocket(), lambda: 0.0))
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (b'{"metadata": {}, "status": "Success"}', 0),
+        (
+            b'{"status": "Failure", "reason": "NonZeroExitCode", '
+            b'"details": {"causes": [{"reason": "ExitCode", "message": "2"}]}}',
+            2,
+        ),
+    ],
+)
+def test_the_exit_code_is_read_from_the_error_channel(status: bytes, code: int) -> None:
+    assert kube_job._exit_code(status) == code
+
+
+@pytest.mark.parametrize(
+    "status", [b"", b'{"status": "Failure", "message": "container not found (\\"fetch\\")"}']
+)
+def test_an_exec_without_an_exit_code_is_an_error(status: bytes) -> None:
+    with pytest.raises(KubernetesBackendError):
+        kube_job._exit_code(status)

@@ -26,7 +26,7 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 # What the helper pod runs: results/ of the campaign volume, as a gzipped tar on stdout.
 TAR_COMMAND = ("tar", "-czf", "-", "-C", WORK_DIR, "results")
 FETCH_CONTAINER = "fetch"
-_STDOUT, _STDERR, _ERROR = 1, 2, 3  # the exec channels (kubernetes.stream.ws_client)
+_STDOUT, _STDERR, _ERROR = 1, 2, 3  # the exec channels (channel.k8s.io, v4 and v5)
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,30 @@ def extract_results(archive: Path, dest: Path) -> list[Path]:
         return written
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _channel_frames(sock: Any, seconds_left: Callable[[], float]) -> Iterator[tuple[int, bytes]]:
+    """(channel, data) of each message of an exec's WebSocket (channel.k8s.io: the first byte
+    names the stream) until the server closes it; KubernetesBackendError when `seconds_left`
+    runs out first."""
+    from websocket import ABNF, WebSocketConnectionClosedException, WebSocketTimeoutException
+
+    while True:
+        left = seconds_left()
+        if left <= 0:
+            raise KubernetesBackendError("campaign fetch: the copy did not end in time")
+        sock.settimeout(left)
+        try:
+            opcode, frame = sock.recv_data_frame(True)
+        except WebSocketConnectionClosedException:
+            return
+        except WebSocketTimeoutException as exc:
+            raise KubernetesBackendError("campaign fetch: the copy did not end in time") from exc
+        if opcode == ABNF.OPCODE_CLOSE:
+            return
+        data = frame.data if isinstance(frame.data, bytes) else str(frame.data).encode()
+        if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and data:
+            yield data[0], data[1:]
 
 
 def _exit_code(status: bytes) -> int:
@@ -499,10 +523,12 @@ class CampaignCluster:
         )
 
     def _exec_tar(self, name: str, archive: Path) -> None:
-        """Run TAR_COMMAND in the helper pod and stream its stdout into `archive`."""
+        """Run TAR_COMMAND in the helper pod and stream its stdout into `archive`, frame by
+        frame as the WebSocket delivers them (the client's own buffers would hold, and copy,
+        the whole archive)."""
         from kubernetes.stream import stream  # lazy
 
-        response = stream(
+        client = stream(
             self.core.connect_get_namespaced_pod_exec,
             name,
             self.namespace,
@@ -515,25 +541,21 @@ class CampaignCluster:
             binary=True,
             _preload_content=False,
         )
-        timeout = self.settings.campaign_job.fetch_timeout_s
-        deadline = self._monotonic() + timeout
+        deadline = self._monotonic() + self.settings.campaign_job.fetch_timeout_s
         errors, status = bytearray(), bytearray()
         try:
             with archive.open("wb") as out:
-                while True:
-                    response.update(timeout=1)
-                    out.write(response.read_channel(_STDOUT))
-                    errors += response.read_channel(_STDERR)
-                    status += response.read_channel(_ERROR)
-                    response.read_all()  # the client's copy of stdout: dropped, not kept
-                    if not response.is_open():
-                        break
-                    if self._monotonic() >= deadline:
-                        raise KubernetesBackendError(
-                            f"campaign fetch: copy not done after {timeout:.0f} s"
-                        )
+                for channel, data in _channel_frames(
+                    client.sock, lambda: deadline - self._monotonic()
+                ):
+                    if channel == _STDOUT:
+                        out.write(data)
+                    elif channel == _STDERR:
+                        errors += data
+                    elif channel == _ERROR:
+                        status += data
         finally:
-            response.close()
+            client.close()
         code = _exit_code(bytes(status))
         if code != 0:
             text = redact(bytes(errors).decode("utf-8", errors="replace")).strip()
