@@ -11,7 +11,7 @@ It serves ONLY the endpoints servelab's kubernetes backend calls:
 | /api/v1/namespaces/{ns}/pods[/{name}] | GET (list, one), DELETE |
 | /api/v1/namespaces/{ns}/pods/{name}/log | GET (text/plain) |
 | /api/v1/namespaces/{ns}/events | GET (list, fieldSelector) |
-| /api/v1/nodes/{name} | GET |
+| /api/v1/nodes[/{name}] | GET (list, labelSelector; one), PATCH (merge patch of metadata) |
 
 Anything else answers 404 with a metav1.Status, and every request is recorded in
 `cluster.requests` so tests can assert what was (not) called, e.g. that no Secret was ever read.
@@ -48,7 +48,7 @@ ROUTES = [
         ),
         "v1",
     ),
-    (re.compile(r"^/api/v1/(?P<res>nodes)/(?P<name>[^/]+)$"), "v1"),
+    (re.compile(r"^/api/v1/(?P<res>nodes)(?:/(?P<name>[^/]+))?$"), "v1"),
 ]
 ALLOWED = {
     "deployments": {"POST", "GET", "PUT", "DELETE"},
@@ -57,7 +57,7 @@ ALLOWED = {
     "podmonitors": {"POST", "GET", "PUT", "DELETE"},
     "pods": {"GET", "DELETE"},
     "events": {"GET"},
-    "nodes": {"GET"},
+    "nodes": {"GET", "PATCH"},
 }
 LIST_KIND = {
     "deployments": "DeploymentList",
@@ -66,6 +66,7 @@ LIST_KIND = {
     "podmonitors": "PodMonitorList",
     "pods": "PodList",
     "events": "EventList",
+    "nodes": "NodeList",
 }
 
 
@@ -100,7 +101,7 @@ class _Handler(BaseHTTPRequestHandler):
         with cluster.lock:
             cluster.requests.append((method, url.path))
             try:
-                body = self._body() if method in ("POST", "PUT", "DELETE") else {}
+                body = self._body() if method in ("POST", "PUT", "DELETE", "PATCH") else {}
                 code, payload, ctype = self._route(method, url.path, query, body)
             except ApiError as err:
                 code, payload, ctype = err.code, err.status(), "application/json"
@@ -124,10 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method not in ALLOWED[res]:
                 raise ApiError(405, "MethodNotAllowed", f"{method} {res} is not served by the fake")
             if res == "nodes":
-                node = c.node
-                if node["metadata"]["name"] != name:
-                    raise ApiError(404, "NotFound", f'nodes "{name}" not found')
-                return 200, node, "application/json"
+                return self._nodes(method, name, query, body)
             if res == "pods" and method == "GET":
                 c.tick()  # polling pods is what moves the fake clock
             if m.groupdict().get("log"):
@@ -174,6 +172,26 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError(
             404, "NotFound", f"the server could not find the requested resource ({path})"
         )
+
+    def _nodes(
+        self, method: str, name: str | None, query: dict[str, str], body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
+        c = self.cluster
+        if method == "PATCH":
+            if name is None:
+                raise ApiError(405, "MethodNotAllowed", "PATCH of the node collection")
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            return 200, c.patch_node(name, body, content_type), "application/json"
+        if name is not None:
+            return 200, c.node_named(name), "application/json"
+        items = c.list_nodes(query.get("labelSelector", ""))
+        listing = {
+            "kind": "NodeList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(c._rv)},
+            "items": items,
+        }
+        return 200, listing, "application/json"
 
     def do_GET(self) -> None:
         self._handle("GET")
