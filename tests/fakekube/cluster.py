@@ -38,6 +38,7 @@ import copy
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -132,8 +133,12 @@ class FakeCluster:
         tick_s: float = 1.0,
         spot: bool = True,
         nodes: int = 1,
+        hold: Callable[[FakeCluster], bool] | None = None,
     ) -> None:
         self.lock = threading.RLock()
+        # While hold(cluster) is true no pod is scheduled (a test's barrier: say, until every
+        # deployment it expects at once exists).
+        self.hold = hold
         self.scripts = scripts
         self.namespaces = set(namespaces)
         # (namespace, name) -> {key: value}. Held to model a missing Secret; never served.
@@ -697,6 +702,8 @@ class FakeCluster:
 
     def _schedule(self, s: _PodState, pod: dict[str, Any], script: PodScript) -> bool:
         """Bind the pod to a node once one fits and its GPU is free; True once bound."""
+        if self.hold is not None and self.hold(self):
+            return False
         node = self._place(s, pod)
         if node is None:
             return False
