@@ -14,7 +14,7 @@ rule capacity_deploy:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(capacity_deployment),
     params:
         search=capacity_search,
         # What defines the deployment; operational settings are read when the job runs.
@@ -37,7 +37,7 @@ checkpoint capacity_step:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(capacity_deployment),
     params:
         search=capacity_search,
         # What defines the probes (servelab.capacity.method.search_identity); operational settings are

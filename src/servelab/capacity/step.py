@@ -21,6 +21,7 @@ from servelab.capacity.method import (
     saturation_bracket,
     write_state,
 )
+from servelab.deploy import NodeSlot
 from servelab.grid.config import offered_load, trace_seed
 from servelab.grid.identity import manifest_settings
 from servelab.grid.settings import CapacitySettings
@@ -50,7 +51,13 @@ def deploy_search(config: Mapping[str, Any], search: Search, folder: str | Path)
         manifest_path=str(folder / "manifest.yaml"),
         startup_log_path=str(folder / "startup.log"),
         resolved_path=str(folder / "resolved.json"),
+        node=search_node(config, search),
     )
+
+
+def search_node(config: Mapping[str, Any], search: Search) -> NodeSlot:
+    """The GPU node slot of a search's deployment (results/deployments/capacity-{search})."""
+    return campaign_deploy.node_for(config, f"capacity-{search.id}")
 
 
 def measure_probe(
@@ -106,6 +113,7 @@ def measure_probe(
             trace_path=str(traces / "trace.parquet"),
             manifest_path=str(traces / "manifest.json"),
             resolved_path=str(resolved_path),
+            node=search_node(config, search),
         )
         run_dirs.append(root / "runs" / search.arm / search.engine / cid / rep)
     return run_dirs

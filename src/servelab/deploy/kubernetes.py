@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from servelab.artifacts import write_text
-from servelab.deploy.backend import Deployed, Gate, RunRequest
+from servelab.deploy.backend import Deployed, Gate, NodeSlot, RunRequest
 from servelab.deploy.kube_cluster import (
     KubeCluster,
     KubernetesBackendError,
@@ -76,8 +76,10 @@ class KubernetesBackend:
         *,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
+        node: NodeSlot | None = None,
     ) -> None:
         self.cluster = KubeCluster(api_client, settings, sleep=sleep, monotonic=monotonic)
+        self.node = node or NodeSlot()
         self.settings = self.cluster.settings
         self.namespace = self.cluster.namespace
 

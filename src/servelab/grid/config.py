@@ -196,6 +196,7 @@ def _check_references(config: Mapping[str, Any]) -> None:
         problems += _check_sim(config)
     problems += _check_capacity(config)
     problems += _check_tool_delay(config)
+    problems += _check_gpu_nodes(config)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
@@ -386,6 +387,19 @@ def _check_tool_delay(config: Mapping[str, Any]) -> list[str]:
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
         return ["config key workload.tool_delay.min_s: must be below max_s"]
+    return []
+
+
+def _check_gpu_nodes(config: Mapping[str, Any]) -> list[str]:
+    """Several GPU nodes on the local backend run their servers side by side on this machine: not
+    on pinned cores, where they would measure each other (servelab.deploy.machine_load)."""
+    pinned = (config.get("local") or {}).get("engine_cpus")
+    if config["backend"] == "local" and gpu_nodes(config) > 1 and pinned:
+        return [
+            f"config key campaign.gpu_nodes: {gpu_nodes(config)} nodes on the local backend "
+            f"would share the pinned cores local.engine_cpus {list(pinned)}; use one node, or "
+            "no pinning"
+        ]
     return []
 
 
