@@ -43,23 +43,24 @@ def overlapping_jobs(output: str, rule: str) -> bool:
     return False
 
 
-def test_two_nodes_measure_side_by_side_what_one_node_measures(tmp_path: Path) -> None:
+def test_two_nodes_measure_side_by_side_what_one_node_measures(
+    tmp_path: Path, tiny_campaign: Workdir
+) -> None:
     config = tiny_config(study_config())
     two_nodes = copy.deepcopy(config)
     two_nodes["campaign"]["gpu_nodes"] = 2
     slots = node_slots(two_nodes)
     assert sorted(slots.values()) == [0, 1]  # the tiny grid's two deployments, one a node
 
-    one = Workdir(tmp_path / "one", config)
+    # one node: the session's tiny campaign (the same grid, run to `all`, a superset of table5)
+    one = tiny_campaign
     two = Workdir(tmp_path / "two", two_nodes)
-    first = one.snakemake("results/table5.csv")
-    assert first.returncode == 0, first.stdout + first.stderr
     second = two.snakemake("--cores", "2", "results/table5.csv")
     assert second.returncode == 0, second.stdout + second.stderr
     assert overlapping_jobs(second.stdout + second.stderr, "run"), second.stderr
 
-    a, b = artifacts(one.path / "results"), artifacts(two.path / "results")
-    assert sorted(a) == sorted(b)
+    b = artifacts(two.path / "results")
+    a = {path: (one.path / "results" / path).read_bytes() for path in b}
     differ = [path for path in a if a[path] != b[path]]
     assert differ and all(path.endswith("run.json") for path in differ), differ
     for path in differ:
@@ -69,3 +70,34 @@ def test_two_nodes_measure_side_by_side_what_one_node_measures(tmp_path: Path) -
         node = json.loads(b[path])["node"]
         assert node["start"]["name"] == f"sim-l4-node{slot}-0", path
         assert json.loads(a[path])["node"]["start"]["name"] == "sim-l4-node-0"
+
+
+def test_a_reclaimed_node_discards_and_repeats_only_its_own_block(tmp_path: Path) -> None:
+    config = tiny_config(study_config())
+    config["campaign"]["gpu_nodes"] = 2
+    slots = node_slots(config)
+    vllm2 = "defaults/vllm/rate-0.28/rep2"
+    config["campaign"]["faults"] = [{"run": vllm2, "kind": "reclaim", "at_s": 20}]
+    work = Workdir(tmp_path, config)
+    done = work.snakemake("--cores", "2", "results/table5.csv")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert overlapping_jobs(done.stdout + done.stderr, "run"), done.stderr
+
+    discarded = tmp_path / "results" / "discarded"
+    blocks = sorted(str(p.relative_to(discarded)) for p in discarded.glob("*/*/*"))
+    assert blocks == ["defaults/vllm/rate-0.28"]  # the reclaimed node's block, nothing else
+    vllm_node = f"node{slots[deployment_for(config, 'defaults', 'vllm', 'rate-0.28').id]}"
+    reason = json.loads((discarded / blocks[0] / "001" / "reason.json").read_text())
+    assert reason["interrupted_run"] == vllm2
+    for engine in ("vllm", "sglang"):
+        for rep in ("rep1", "rep2"):
+            run = tmp_path / "results" / "runs" / "defaults" / engine / "rate-0.28" / rep
+            record = json.loads((run / "run.json").read_text())
+            assert record["status"] == "ok"
+            block = json.loads((run.parent / "block.json").read_text())
+            slot = slots[deployment_for(config, "defaults", engine, "rate-0.28").id]
+            assert record["node"]["start"]["name"] == f"sim-l4-node{slot}-0"
+            assert block["discarded"] == (["001"] if engine == "vllm" else [])
+    # the interrupted attempt ended on the replacement of the vLLM block's own node
+    interrupted = discarded / blocks[0] / "001" / "rep2" / "measured" / "run.json"
+    assert json.loads(interrupted.read_text())["node"]["end"]["name"] == f"sim-l4-{vllm_node}-1"
