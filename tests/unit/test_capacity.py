@@ -204,3 +204,24 @@ def test_bisection_agrees_with_an_exhaustive_sweep_on_the_same_seeds(tmp_path: P
     last_pass = max(r for r in grid if outcome[r])
     first_fail = min(r for r in grid if not outcome[r])
     assert last_pass < high and first_fail > low
+
+
+def test_the_search_deploys_its_engine_as_its_probes_run_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the local backend with pinned cores, the search's deployment carries its pinning and
+    its node slot, so the first probe finds the server as it needs it (not started again)."""
+    from servelab.capacity import step
+
+    config = _config(
+        shapes=[{"name": "tiny", "sharing": 0.5, "prompt_tokens": 1024, "duration_s": 300}],
+        limits={"ttft_p50_s": 1.0},
+    )
+    config["backend"] = "local"
+    config["local"] = {"engine_cpus": [1], "client_cpus": [0]}
+    seen: dict = {}
+    monkeypatch.setattr(step.campaign_deploy, "deploy", lambda **kwargs: seen.update(kwargs))
+    deploy_search(config, Search("defaults", "sglang", "tiny"), tmp_path / "deployment")
+    assert list(seen["identity"]["local"]["engine_cpus"]) == [1]
+    assert list(seen["identity"]["local"]["client_cpus"]) == [0]
+    assert seen["node"] == step.search_node(config, Search("defaults", "sglang", "tiny"))

@@ -23,7 +23,7 @@ from servelab.capacity.method import (
 )
 from servelab.deploy import NodeSlot
 from servelab.grid.config import offered_load, trace_seed
-from servelab.grid.identity import manifest_settings
+from servelab.grid.identity import deployment_identity, manifest_settings
 from servelab.grid.settings import CapacitySettings
 from servelab.workload.compiler import compile_trace_files
 
@@ -42,11 +42,10 @@ def deploy_search(config: Mapping[str, Any], search: Search, folder: str | Path)
         kubernetes=kubernetes,
         manifest_path=str(folder / "manifest.yaml"),
     )
-    # The deployment's identity whole (as servelab.grid.identity.deployment_identity makes it,
-    # without `local`: the search's deployment is started unpinned; its runs pin it).
-    identity = {"backend": config["backend"], "gpu": config["gpu"], "model": config["model"], **dep}
+    # The deployment's identity whole, with its cores when the local backend pins (`local`): the
+    # server starts as its probes run it, so the first probe does not start it again, pinned.
     return campaign_deploy.deploy(
-        identity=identity,
+        identity=deployment_identity(config, dep),
         kubernetes=config.get("kubernetes") or {},
         manifest_path=str(folder / "manifest.yaml"),
         startup_log_path=str(folder / "startup.log"),
