@@ -62,6 +62,8 @@ rule capacity:
     params:
         capacity=config.get("capacity"),
         keeps_pace=config["analysis"]["keeps_pace"],
+        # USD per hour of the campaign's GPU node (config analysis.cost; null: no dollar figures)
+        usd_per_node_hour=grid.node_usd_per_hour(config),
     message:
         "capacity brackets of every search -> {output.csv}"
     script:

@@ -185,7 +185,14 @@ def capacity_step(
         state["bracket"] = saturation_bracket(run_dirs, per_graph)
         probe["passed"] = None
     else:
-        probe.update(evaluate_probe(run_dirs, settings, duration_s=duration))
+        probe.update(
+            evaluate_probe(
+                run_dirs,
+                settings,
+                duration_s=duration,
+                step_s=float(config["telemetry"]["step_s"]),
+            )
+        )
     state["probes"].append(probe)
     write_state(state_path, state)
     return state

@@ -29,6 +29,7 @@ from servelab.grid.settings import (
     STUDY_TABLE_CONDITIONS,
     AnalysisSettings,
     ConfigError,
+    CostSettings,
     DispatchSettings,
     RequestSlo,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "local_serves_real",
     "node_slot",
     "node_slots",
+    "node_usd_per_hour",
     "prepare_config",
     "read_config_file",
     "runs",
@@ -594,6 +596,14 @@ def request_slo(config: Mapping[str, Any]) -> dict[str, float | None]:
     defaults: dict[str, float | None] = asdict(RequestSlo())
     given = config["analysis"].get("slo") or {}
     return {key: given.get(key, value) for key, value in defaults.items()}
+
+
+def node_usd_per_hour(config: Mapping[str, Any]) -> float | None:
+    """USD per hour of the node a run of this campaign occupies: `analysis.cost.node_usd_per_hour`
+    for the campaign's `gpu.name`, None when no price is configured for it (the dollar figures of
+    results/run_metrics.csv and results/capacity.csv are then null)."""
+    cost = CostSettings.from_config((config.get("analysis") or {}).get("cost"))
+    return cost.price(str(config["gpu"]["name"]))
 
 
 def defaults_diff_gpus(config: Mapping[str, Any]) -> list[dict[str, Any]]:
