@@ -25,7 +25,8 @@ pod lifecycle, waits, logs) and the node identity of servelab.deploy.node.
    is applied again, and a pod not gated yet (one recreated after a reclamation) has its start-up
    log gated through the gate the campaign passed in (`RunRequest.gate`). Node identity is
    recorded at run start and end and watched during the run; a change names the reclamation.
-4. `teardown` deletes the Deployment, Service and PodMonitor (never the weight volume).
+4. `teardown` deletes the Deployment, Service and PodMonitor (never the weight volume, nor the
+   DCGM exporter's PodMonitor, which every deployment shares).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class KubernetesBackend:
         self.cluster = KubeCluster(api_client, settings, sleep=sleep, monotonic=monotonic)
         self.settings = self.cluster.settings
         self.namespace = self.cluster.namespace
-        self.slot = node or NodeSlot()
+        self.node = node or NodeSlot()
 
     # ------------------------------------------------------------------ construction
 
@@ -115,7 +116,7 @@ class KubernetesBackend:
     def _retire_others(self, deployment_id: str) -> list[str]:
         """Tear down the other engines on this slot's node (with one slot: every other engine),
         logging each."""
-        slot = self.slot
+        slot = self.node
         spare = None if slot.count == 1 else (lambda d: on_other_slot(d, slot))
         retired = self.cluster.retire_others(deployment_id, spare=spare)
         for line in retired:
@@ -126,12 +127,12 @@ class KubernetesBackend:
         """The node this backend's slot measures on, labelled for it (servelab.deploy.node
         .pin_node; waits for a replacement after a reclamation). None with one slot: the engine
         goes wherever kubernetes.node_selector lets the scheduler put it."""
-        return None if self.slot.count == 1 else pin_node(self.cluster, self.slot)
+        return None if self.node.count == 1 else pin_node(self.cluster, self.node)
 
     def place(self, objects: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The rendered objects pinned to this slot's node as they are applied
         (servelab.deploy.node.place; unchanged with one slot)."""
-        return place(objects, self.slot, self.settings.model_volume.claim_name)
+        return place(objects, self.node, self.settings.model_volume.claim_name)
 
     # ------------------------------------------------------------------ deploy
 
@@ -179,8 +180,8 @@ class KubernetesBackend:
         }
         if pinned is not None:
             facts["node_slot"] = {
-                "index": self.slot.index,
-                "count": self.slot.count,
+                "index": self.node.index,
+                "count": self.node.count,
                 "node": pinned,
             }
         evidence = Path(startup_log_path).with_name(REFUSED_LOG)
@@ -312,6 +313,20 @@ class KubernetesBackend:
         """Prometheus label matchers of the deployment's series (kubernetes.metrics_selector)."""
         return self.settings.metrics_selector_for(deployment_id)
 
+    def gpu_metrics_selector(self, deployment_id: str, pod: Mapping[str, Any]) -> dict[str, str]:
+        """Prometheus label matchers of the engine GPU's DCGM series (kubernetes.
+        gpu_metrics_selector, for the engine pod and its node); empty when none are configured or
+        the pod names no node (the run's energy figures are then null)."""
+        if not self.settings.gpu_metrics_selector:
+            return {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not node:
+            log.warning("deployment %s: the engine pod names no node: no GPU series", deployment_id)
+            return {}
+        return self.settings.gpu_metrics_selector_for(
+            deployment_id, node=node, pod=str(pod["metadata"]["name"])
+        )
+
     def run(self, request: RunRequest) -> dict[str, Any]:
         """One measured run against the deployed engine (the servelab.deploy.Backend protocol).
 
@@ -320,8 +335,9 @@ class KubernetesBackend:
         dispatcher (servelab.dispatch.run.dispatch_run) reads node identity before the first
         request and after the last; when they differ the run is `interrupted` with a
         `reclaimed_reason`, which makes the campaign discard and repeat the condition. Then the
-        run's Prometheus window (telemetry.prometheus_url) is pulled into scrape.parquet and
-        run.json is written last. During the run node identity is read every
+        run's Prometheus window (telemetry.prometheus_url) is pulled into scrape.parquet, with the
+        engine GPU's DCGM energy and power series (`gpu_metrics_selector`), and run.json is
+        written last. During the run node identity is read every
         `kubernetes.node_watch_s` seconds (default 15) and a change stops the run at once, so a
         reclaimed node does not keep it going (in-flight requests recorded as interrupted).
         """
@@ -336,6 +352,7 @@ class KubernetesBackend:
         pod = self.ensure_deployed(deployment, gate=request.gate)
         base_url = self.engine_url(deployment_id, int(deployment["port"]))
         prometheus_url = request.telemetry.prometheus_url
+        gpu_selector = self.gpu_metrics_selector(deployment_id, pod)
 
         def reclaimed(record: Mapping[str, Any], result: DispatchResult) -> str | None:
             return reclamation(record.get("node") or {})
@@ -357,9 +374,11 @@ class KubernetesBackend:
                         "pod": pod["metadata"]["name"],
                         "engine_url": base_url,
                         "prometheus_url": prometheus_url,
+                        "gpu_metrics_selector": gpu_selector,
                     }
                 },
                 node_watch_s=self.settings.node_watch_s,
                 node_change=node_change,
+                gpu_selector=gpu_selector,
             ),
         )
