@@ -3,9 +3,10 @@ each node slot labels a node of its own and its deployments stay on it; blocks o
 at once; a reclamation of one node discards and repeats only that node's block; with one slot
 nothing is labelled and the objects go as rendered.
 
-The campaign's own functions run here (servelab.campaign.deploy.deploy, .blocks.execute_block),
-each slot's in a thread of its own, with the backend for the thread's slot; only the dispatcher
-and the Prometheus pull are replaced by recorders (node identity is read through the real client).
+The campaign's own functions run here (servelab.campaign.deploy.deploy, .blocks.execute_block,
+on the slot servelab.campaign.deploy.node_for gives each deployment with `campaign.gpu_nodes: 3`),
+each slot's jobs in a thread of their own; only the backend's connection (to the fake), the
+dispatcher and the Prometheus pull are replaced (node identity is read through the real client).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import servelab.deploy.measure as measure_mod
 from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, write_json, write_parquet
 from servelab.artifacts.runrecord import build_run_record
 from servelab.campaign.blocks import execute_block
-from servelab.campaign.deploy import confirm, gate, render_manifests
+from servelab.campaign.deploy import confirm, gate, node_for, render_manifests
 from servelab.deploy.backend import NodeSlot
 from servelab.deploy.kube_cluster import DeployTimeout
-from servelab.deploy.manifests import render_for
+from servelab.deploy.manifests import DCGM_MONITOR_NAME, render_for
 from servelab.deploy.node import SLOT_LABEL, choose_node, on_other_slot, place
 from servelab.grid.config import conditions, deployment_for, deployment_record, offered_load
 from servelab.grid.identity import deployment_identity, operational_settings, run_identity
@@ -266,6 +267,35 @@ def test_a_reclaimed_node_is_replaced_by_a_fresh_one_labelled_on_the_next_run(
             assert backends[k].node_identity(specs[k]["deployment_id"]) == before[k]
 
 
+def test_a_shared_object_another_job_changed_meanwhile_is_read_again(
+    study: dict, tmp_path: Path
+) -> None:
+    """The DCGM exporter's PodMonitor is one object every deployment applies: two slots'
+    deploy jobs at once may both replace it, and the one whose read went stale (409 Conflict)
+    reads it again instead of failing its deploy."""
+    cluster = _cluster()
+    replace, conflicts = cluster.replace, []
+
+    def replace_after_another_job(resource: str, ns: str, name: str, body: dict) -> dict:
+        if name == DCGM_MONITOR_NAME and not conflicts:
+            conflicts.append(cluster.rv())  # another job replaced it since this one read it
+            cluster.objects[(resource, ns, name)]["metadata"]["resourceVersion"] = conflicts[0]
+        return replace(resource, ns, name, body)
+
+    cluster.replace = replace_after_another_job  # type: ignore[method-assign]
+    with running(cluster) as kube:
+        for k, (arm, engine) in enumerate(TRIO[:2]):
+            spec = _spec(study, arm, engine)
+            backend_for(kube, node=NodeSlot(k, 3)).deploy(
+                spec,
+                manifest_path=_manifest(study, spec, tmp_path),
+                startup_log_path=tmp_path / f"{k}.log",
+            )
+    assert len(conflicts) == 1
+    puts = [p for m, p in cluster.requests if m == "PUT" and p.endswith(DCGM_MONITOR_NAME)]
+    assert len(puts) == 2  # refused once (409), then replaced
+
+
 def test_no_free_node_is_a_bounded_wait_that_says_what_it_saw(study: dict, tmp_path: Path) -> None:
     cluster = _cluster(nodes=1)
     with running(cluster) as kube:
@@ -355,6 +385,7 @@ class _Scenario:
 
     results: Path
     cluster: FakeCluster
+    config: dict  # the study's, with campaign.gpu_nodes: 3
     specs: list[dict]
     blocks: dict[int, dict] = field(default_factory=dict)
     dispatches: dict[int, list[dict]] = field(default_factory=dict)
@@ -362,13 +393,13 @@ class _Scenario:
     errors: list[BaseException] = field(default_factory=list)
 
 
-def _fake_dispatch(scenario: _Scenario, slot_of: threading.local, barrier: threading.Barrier):
+def _fake_dispatch(scenario: _Scenario, barrier: threading.Barrier):
     """The dispatcher, replaced: node identity read at the start and end through the real client;
     each slot's first run waits for the others' (so all three are inside at once), and slot 1's
     node is reclaimed while all three are running."""
 
     def dispatch(**kw: Any) -> tuple[pa.Table, dict, None]:
-        k = slot_of.k
+        k = node_for(scenario.config, kw["deployment_id"]).index
         first = not scenario.dispatches.get(k)
         began = time.time()
         start = dict(kw["node_identity_fn"]())
@@ -428,10 +459,12 @@ def _fake_dispatch(scenario: _Scenario, slot_of: threading.local, barrier: threa
     return dispatch
 
 
-def _slot_job(study: dict, scenario: _Scenario, k: int, slot_of: threading.local) -> None:
-    """Slot k's jobs: deploy its deployment, then run its block (two repetitions)."""
-    slot_of.k = k
-    spec, results = scenario.specs[k], scenario.results
+def _slot_job(scenario: _Scenario, k: int) -> None:
+    """Slot k's jobs, as the deploy and run rules call them: deploy its deployment, then run its
+    block (two repetitions), each on the deployment's node slot."""
+    study, spec, results = scenario.config, scenario.specs[k], scenario.results
+    node = node_for(study, spec["deployment_id"])
+    assert (node.index, node.count) == (k, 3)
     deployment_dir = results / "deployments" / spec["deployment_id"]
     manifest = _manifest(study, spec, results.parent)
     deploy_mod.deploy(
@@ -440,6 +473,7 @@ def _slot_job(study: dict, scenario: _Scenario, k: int, slot_of: threading.local
         manifest_path=str(manifest),
         startup_log_path=str(deployment_dir / "startup.log"),
         resolved_path=str(deployment_dir / "resolved.json"),
+        node=node,
     )
     arm, engine = TRIO[k]
     run = {
@@ -471,6 +505,7 @@ def _slot_job(study: dict, scenario: _Scenario, k: int, slot_of: threading.local
         manifests=manifests,
         resolved_path=str(deployment_dir / "resolved.json"),
         block_json_path=str(results / "runs" / arm / engine / CONDITION / "block.json"),
+        node=node,
     )
 
 
@@ -481,18 +516,21 @@ def three_slot_campaign(
     """Three slots' deploy and run jobs at once, as Snakemake runs them with three node slots."""
     results = tmp_path_factory.mktemp("three-nodes") / "results"
     cluster = _cluster()
-    scenario = _Scenario(results, cluster, [_spec(study, arm, engine) for arm, engine in TRIO])
-    slot_of = threading.local()
+    three = copy.deepcopy(study)
+    three["campaign"]["gpu_nodes"] = 3
+    specs = [_spec(three, arm, engine) for arm, engine in TRIO]
+    scenario = _Scenario(results, cluster, three, specs)
     barrier = threading.Barrier(3, timeout=120)
     with running(cluster) as kube, pytest.MonkeyPatch.context() as mp:
 
-        def get_backend(name: str, **_kw: Any) -> Any:
-            assert name == "kubernetes"
-            return backend_for(kube, node=NodeSlot(slot_of.k, 3))
+        def get_backend(name: str, *, node: NodeSlot | None = None, **_kw: Any) -> Any:
+            """The registry's kubernetes backend, connected to the fake, on the slot given."""
+            assert name == "kubernetes" and node is not None and node.count == 3
+            return backend_for(kube, node=node)
 
         mp.setattr(deploy_mod, "get_backend", get_backend)
         mp.setattr(blocks_mod, "get_backend", get_backend)
-        mp.setattr(measure_mod, "dispatch_run", _fake_dispatch(scenario, slot_of, barrier))
+        mp.setattr(measure_mod, "dispatch_run", _fake_dispatch(scenario, barrier))
         mp.setattr(
             measure_mod,
             "pull_scrape_files",
@@ -503,7 +541,7 @@ def three_slot_campaign(
 
         def job(k: int) -> None:
             try:
-                _slot_job(study, scenario, k, slot_of)
+                _slot_job(scenario, k)
             except BaseException as exc:  # reported by the tests
                 scenario.errors.append(exc)
                 barrier.abort()

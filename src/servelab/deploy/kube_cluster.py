@@ -67,6 +67,8 @@ DEPLOYMENT_LABEL = "servelab.dev/deployment"
 # the start-up lines of a long-running pod may no longer be readable).
 GATED_ANNOTATION = "servelab.dev/gated-pod-uid"
 POD_MONITOR = ("monitoring.coreos.com", "v1", "podmonitors")
+# Replacing an object another job changed meanwhile (409 Conflict): read it again, this often.
+REPLACE_ATTEMPTS = 5
 # Container states that do not recover by waiting: fail at once rather than at the timeout.
 FATAL_WAITING = {"CreateContainerConfigError", "InvalidImageName", "CrashLoopBackOff"}
 # Environment variables that may hold a Hugging Face token in *our* process.
@@ -328,15 +330,24 @@ class KubeCluster:
                 ) from exc
         if replace is None:
             return f"{kind}/{name} kept", None
-        # It exists: replace it, keeping what the server allocated.
-        try:
-            current = self._json(read())
-            _, _, headers = replace(_prepare_replace(obj, current))
-            return f"{kind}/{name} replaced{suffix}", header_time(headers)
-        except ApiException as exc:
-            raise KubernetesBackendError(
-                f"{kind}/{name}: replace failed: {api_message(exc)}"
-            ) from exc
+        # It exists: replace it, keeping what the server allocated. An object several jobs apply
+        # (the DCGM PodMonitor, with several node slots) may change between the read and the
+        # replace: 409 Conflict, read again (optimistic concurrency).
+        conflict = ""
+        for _ in range(REPLACE_ATTEMPTS):
+            try:
+                current = self._json(read())
+                _, _, headers = replace(_prepare_replace(obj, current))
+                return f"{kind}/{name} replaced{suffix}", header_time(headers)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise KubernetesBackendError(
+                        f"{kind}/{name}: replace failed: {api_message(exc)}"
+                    ) from exc
+                conflict = api_message(exc)
+        raise KubernetesBackendError(
+            f"{kind}/{name}: replace failed {REPLACE_ATTEMPTS} times: {conflict}"
+        )
 
     def _verbs(
         self, kind: str, name: str, *, dry_run: bool = False
