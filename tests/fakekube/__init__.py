@@ -36,11 +36,12 @@ def engine_log(name: str) -> str:
 FAST = {"poll_s": 0.001, "ready_s": 900.0, "delete_s": 300.0, "request_s": 10.0}
 
 
-def backend_for(kube: FakeKube, settings: dict | None = None, **timeouts: float):
+def backend_for(kube: FakeKube, settings: dict | None = None, *, node=None, **timeouts: float):
     """A KubernetesBackend on the fake server through Configuration(host=...): polls without
-    sleeping (the fake clock advances per poll), so a wait of minutes takes milliseconds."""
+    sleeping (the fake clock advances per poll), so a wait of minutes takes milliseconds. `node`:
+    the servelab.deploy.NodeSlot it measures on (default: the one node)."""
     from servelab.deploy.kubernetes import KubernetesBackend
 
     merged = dict(settings or {})
     merged["timeouts"] = {**FAST, **timeouts}
-    return KubernetesBackend(kube.api_client(), merged, sleep=lambda _s: None)
+    return KubernetesBackend(kube.api_client(), merged, node=node, sleep=lambda _s: None)

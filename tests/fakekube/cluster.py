@@ -1,4 +1,5 @@
-"""State of the fake cluster: objects, one GPU node, and scripted engine pod lifecycles.
+"""State of the fake cluster: objects, N GPU nodes (one by default), and scripted engine pod
+lifecycles.
 
 Only what servelab uses is modelled. Object shapes follow the Kubernetes API reference (v1.35):
 apps/v1 Deployment, v1 Service / PersistentVolumeClaim / Pod / Node / Event / ServiceAccount /
@@ -11,19 +12,34 @@ test's waits are deterministic and take milliseconds. Every pod transition is st
 exact time its script says (not the tick at which it was noticed), so phase durations in a
 restart record equal the scripted durations.
 
-Pod lifecycle (per `PodScript`, durations in seconds): created -> scheduled (`schedule_s` after
-creation, and never while another pod holds the node's one GPU) -> image pull (`pull_s`; None =
-image already on the node, only a `Pulled` event) -> container started (`start_s`) -> Ready
-(`ready_s`; None = never). A deleted pod is gone `terminate_s` after the request. A pod whose
-Secret is missing stays in CreateContainerConfigError. A Deployment without a live pod gets a new
-one, as its ReplicaSet would.
+Nodes: `nodes` GKE Spot nodes of one GPU pool, each with one `nvidia.com/gpu`, the pool's labels
+and its `nvidia.com/gpu` taint (GKE's), Ready. Node labels can be changed through PATCH (JSON merge
+patch, with `metadata.resourceVersion` as a precondition when given, as the API server does).
+`reclaim_node(name)` preempts one node: its pods vanish and the node object is replaced by a fresh
+one (new uid, boot id and instance id) carrying only the pool's labels, never one a client set, as
+GKE's managed instance group recreates a Spot VM.
 
-Pods that request no GPU (the campaign Job's, the fetch helper's) run on a CPU node and need no
-free GPU; their script is looked up by container name (a default one otherwise). A script with
-`exit_after_s` ends its container with `exit_code`. The Job controller (fakekube.batch) gives a
-Job one pod at a time, replaces a pod that is gone only once it has terminated (as
-`podReplacementPolicy: Failed` does), counts it as failed, and fails the Job past `backoffLimit`.
-A PersistentVolumeClaim's content is a local folder (`volumes`), which `exec` of `tar` reads.
+The scheduler places a pod on a node that matches its `nodeSelector`, whose `NoSchedule` taints it
+tolerates, that is Ready, and whose one GPU no other pod holds (a pod holds it from scheduling until
+it is gone); among several, the first by name. A pod referencing a claim that does not exist is not
+scheduled. A ReadWriteOnce claim attaches to one node at a time: a pod on another node waits in
+ContainerCreating with a `FailedAttachVolume` (Multi-Attach) event until no pod on another node
+uses it.
+
+Pod lifecycle (per `PodScript`, durations in seconds): created -> scheduled (`schedule_s` after
+creation, and never while another pod holds the node's one GPU) -> volumes attached -> image pull
+(`pull_s`; None = image already on the node, only a `Pulled` event) -> container started
+(`start_s`) -> Ready (`ready_s`; None = never). A deleted pod is gone `terminate_s` after the
+request. A pod whose Secret is missing stays in CreateContainerConfigError. A Deployment without a
+live pod gets a new one, as its ReplicaSet would.
+
+Pods that request no GPU (the campaign Job's, the fetch helper's) run on the cluster's CPU node
+(`CPU_NODE`, or the `nodeName` they name) and wait for no GPU; their script is looked up by
+container name (`DEFAULT_SCRIPT` otherwise). A script with `exit_after_s` ends its container with
+`exit_code`. The Job controller (fakekube.batch) gives a Job one pod at a time, replaces a pod
+that is gone only once it has terminated (as `podReplacementPolicy: Failed` does), counts it as
+failed, and fails the Job past `backoffLimit`. A PersistentVolumeClaim's content is a local folder
+(`volumes`), which `exec` of `tar` reads.
 """
 
 from __future__ import annotations
@@ -32,6 +48,7 @@ import copy
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,7 +72,12 @@ GVR = {
 }
 # Cluster-scoped resources are stored under this namespace.
 CLUSTER = ""
+# The CPU pool's node, where pods that request no GPU run (no Node object is served for it).
 CPU_NODE = "gke-servelab-default-pool-3c9e1d7a-q8w2"
+# The GPU pool's nodes: the first keeps the name every single-node test knows.
+GPU_POOL = "gke-servelab-gpu-pool-6a1f0c2e"
+NODE_SUFFIXES = ("k3xz", "m7qd", "r2wv", "t9hc", "b5nf", "x8lg", "c4pj", "h6sz")
+TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
 
 
 def rfc3339(t: float) -> str:
@@ -102,7 +124,7 @@ class PodScript:
     exit_code: int = 0
 
 
-# Pods whose container has no script of its own: on the node at once, ready when started.
+# Pods whose container has no script of its own: on their node at once, ready when started.
 DEFAULT_SCRIPT = PodScript("", schedule_s=1.0, pull_s=None, start_s=1.0, ready_s=0.0)
 
 
@@ -122,7 +144,10 @@ class _PodState:
     gone: float | None = None
     blocked_secret: str | None = None
     done: set[str] = field(default_factory=set)
-    gpu: bool = True  # requests the GPU: waits for it, runs on the GPU node
+    node: str | None = None  # the node it is scheduled on
+    attached: float | None = None  # when its volumes were attached (after scheduling)
+    claims: tuple[str, ...] = ()  # the PersistentVolumeClaims it mounts
+    gpu: bool = True  # requests the GPU: waits for a GPU node's one GPU
     job: str | None = None  # the Job that owns the pod
     finished: float | None = None  # the container exited (exit_code)
     exit_code: int | None = None
@@ -141,16 +166,21 @@ class FakeCluster:
         crds: bool = True,
         tick_s: float = 1.0,
         spot: bool = True,
+        nodes: int = 1,
+        hold: Callable[[FakeCluster], bool] | None = None,
         volumes: dict[str, Path] | None = None,
     ) -> None:
         self.lock = threading.RLock()
+        # While hold(cluster) is true no pod is scheduled (a test's barrier: say, until every
+        # deployment it expects at once exists).
+        self.hold = hold
         self.scripts = scripts
+        # claim name -> the local folder standing for its content (read by `exec` of tar)
+        self.volumes = dict(volumes or {})
         self.namespaces = set(namespaces)
         # (namespace, name) -> {key: value}. Held to model a missing Secret; never served.
         self.secrets = dict(secrets or {})
         self.crds = crds
-        # claim name -> the local folder standing for its content (read by `exec` of tar)
-        self.volumes = dict(volumes or {})
         self.tick_s = tick_s
         self.now = START
         self.requests: list[tuple[str, str]] = []
@@ -160,9 +190,16 @@ class FakeCluster:
         self._uid = 0
         self._pod_counter = 0
         self._event_counter = 0
-        self.gpu_free_since = START
-        self.node: dict[str, Any] = {}
-        self._make_node("gke-servelab-gpu-pool-6a1f0c2e-k3xz", 0, spot=spot)
+        # The GPU nodes, in creation order (a replacement takes its predecessor's place), and
+        # since when each node's GPU has been free.
+        self.node_list: list[dict[str, Any]] = []
+        self.gpu_free_since: dict[str, float] = {}
+        self._generation = 0
+        for i in range(nodes):
+            suffix = NODE_SUFFIXES[i] if i < len(NODE_SUFFIXES) else f"n{i:03d}"
+            self.node_list.append(self._make_node(f"{GPU_POOL}-{suffix}", i, spot=spot))
+            self.gpu_free_since[self.node_list[-1]["metadata"]["name"]] = START
+        self._generation = nodes - 1
 
     # ------------------------------------------------------------------ basics
 
@@ -180,9 +217,25 @@ class FakeCluster:
         self.now += self.tick_s
         self.reconcile()
 
-    def _make_node(self, name: str, generation: int, *, spot: bool) -> None:
+    @property
+    def node(self) -> dict[str, Any]:
+        """The first GPU node (the only one of a single-node cluster)."""
+        return self.node_list[0]
+
+    @property
+    def node_names(self) -> list[str]:
+        return [n["metadata"]["name"] for n in self.node_list]
+
+    def node_named(self, name: str | None) -> dict[str, Any]:
+        """The node called `name` (None: the first); 404 when there is none."""
+        for node in self.node_list:
+            if name is None or node["metadata"]["name"] == name:
+                return node
+        raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+
+    def _make_node(self, name: str, generation: int, *, spot: bool) -> dict[str, Any]:
         instance = 4_611_686_018_427_387_904 + generation * 7919
-        self.node = {
+        return {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
@@ -232,28 +285,80 @@ class FakeCluster:
             },
         }
 
-    def reclaim_node(self, *, keep_name: bool = True) -> None:
-        """The Spot VM is preempted and its instance group recreates it. With `keep_name` (what a
-        GCE managed instance group does) the node keeps its name and providerID; its uid, boot id
-        and instance id change. Pods on it vanish at once."""
+    def reclaim_node(self, name: str | None = None, *, keep_name: bool = True) -> str:
+        """The Spot VM of node `name` (None: the first) is preempted and its instance group
+        recreates it; returns the replacement's name. With `keep_name` (what a GCE managed
+        instance group does) the node keeps its name and providerID; its uid, boot id and
+        instance id change, and it carries the pool's labels only (none a client added). Pods on
+        it vanish at once; other nodes and their pods are untouched."""
         with self.lock:
-            old = self.node["metadata"]["name"]
-            gen = int(self.node["status"]["nodeInfo"]["machineID"], 16) % 1000 + 1
-            name = old if keep_name else f"gke-servelab-gpu-pool-6a1f0c2e-{gen:04d}"
-            spot = "cloud.google.com/gke-spot" in self.node["metadata"]["labels"]
+            old = self.node_named(name)
+            old_name = old["metadata"]["name"]
+            self._generation += 1
+            gen = self._generation
+            new_name = old_name if keep_name else f"{GPU_POOL}-{gen:04d}"
+            spot = "cloud.google.com/gke-spot" in old["metadata"]["labels"]
             for pod in self.pods.values():
-                if pod.gone is None and pod.scheduled is not None:
+                if pod.gone is None and pod.node == old_name:
                     pod.gone = self.now
                     self._remove_pod(pod)
-            self.gpu_free_since = self.now
-            self._make_node(name, gen, spot=spot)
+            del self.gpu_free_since[old_name]
+            self.gpu_free_since[new_name] = self.now
+            self.node_list[self.node_list.index(old)] = self._make_node(new_name, gen, spot=spot)
+            return new_name
 
-    def taint_terminating(self) -> None:
+    def taint_terminating(self, name: str | None = None) -> None:
         """GKE marks a Spot node being preempted with this taint."""
         with self.lock:
-            self.node["spec"]["taints"].append(
-                {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+            self.node_named(name)["spec"]["taints"].append(
+                {"key": TERMINATION_TAINT, "effect": "NoSchedule"}
             )
+
+    def set_node_ready(self, name: str | None, ready: bool) -> None:
+        """The node's kubelet stops (or resumes) posting Ready."""
+        with self.lock:
+            node = self.node_named(name)
+            for cond in node["status"]["conditions"]:
+                if cond["type"] == "Ready":
+                    cond.update(
+                        status="True" if ready else "Unknown",
+                        reason="KubeletReady" if ready else "NodeStatusUnknown",
+                        lastTransitionTime=rfc3339(self.now),
+                    )
+            node["metadata"]["resourceVersion"] = self.rv()
+
+    def list_nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
+        wanted = _parse_selector(label_selector)
+        return [
+            copy.deepcopy(n)
+            for n in self.node_list
+            if all(n["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        ]
+
+    def patch_node(self, name: str, body: dict[str, Any], content_type: str) -> dict[str, Any]:
+        """PATCH a node: a JSON merge patch (RFC 7386) of its metadata. A `resourceVersion` in
+        the patch is a precondition: 409 Conflict when the node has changed since."""
+        if content_type not in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ):
+            raise ApiError(415, "UnsupportedMediaType", f"{content_type} (fake server)")
+        node = self.node_named(name)
+        if set(body) - {"metadata"}:
+            raise ApiError(422, "Invalid", "the fake server patches node metadata only")
+        meta = body.get("metadata") or {}
+        given_rv = meta.get("resourceVersion")
+        if given_rv is not None and given_rv != node["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+            )
+        patch = {k: v for k, v in meta.items() if k != "resourceVersion"}
+        node["metadata"] = _merge_patch(node["metadata"], patch)
+        node["metadata"]["resourceVersion"] = self.rv()
+        return copy.deepcopy(node)
 
     # ------------------------------------------------------------------ generic store
 
@@ -463,7 +568,7 @@ class FakeCluster:
             "status": {"phase": "Pending", "qosClass": "Burstable"},
         }
         state = self.add_pod(ns, pod, owner_hash=thash)
-        state.deployment = dname
+        state.deployment, state.gpu = dname, True  # an engine: the GPU scheduler's
         for env in spec["containers"][0].get("env") or []:
             ref = (env.get("valueFrom") or {}).get("secretKeyRef")
             if ref and (
@@ -472,10 +577,63 @@ class FakeCluster:
             ):
                 state.blocked_secret = ref["name"]
 
+    def add_pod(
+        self, ns: str, pod: dict[str, Any], *, owner_job: str | None = None, owner_hash: str = ""
+    ) -> _PodState:
+        """Store a pod (status Pending) and its lifecycle state: its first container names its
+        script, its limits whether it needs a GPU, its volumes the claims it mounts."""
+        container = pod["spec"]["containers"][0]
+        limits = (container.get("resources") or {}).get("limits") or {}
+        state = _PodState(
+            pod["metadata"]["name"],
+            container["name"],
+            "",
+            owner_hash,
+            created=self.now,
+            gpu=any(key.endswith("/gpu") for key in limits),
+            job=owner_job,
+        )
+        state.claims = tuple(
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod["spec"].get("volumes") or []
+            if v.get("persistentVolumeClaim")
+        )
+        pod.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
+        self.objects[("pods", ns, state.name)] = pod
+        self.pods[state.name] = state
+        return state
+
+    def create_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /pods: a bare pod (servelab campaign fetch's helper)."""
+        if ns not in self.namespaces:
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
+        name = body["metadata"]["name"]
+        if ("pods", ns, name) in self.objects:
+            raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
+        pod = copy.deepcopy(body)
+        pod["metadata"].update(
+            namespace=ns,
+            uid=self.uid(),
+            resourceVersion=self.rv(),
+            creationTimestamp=rfc3339(self.now),
+        )
+        pod["spec"].setdefault("schedulerName", "default-scheduler")
+        pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+        self.add_pod(ns, pod)
+        self.reconcile()
+        return copy.deepcopy(self.objects[("pods", ns, name)])
+
+    def script(self, state: _PodState) -> PodScript:
+        """The pod's script: its container's, else (a pod that is no engine) the default one."""
+        if state.gpu:
+            return self.scripts[state.engine]
+        return self.scripts.get(state.engine, DEFAULT_SCRIPT)
+
     def _event(
         self, state: _PodState, reason: str, message: str, t: float, *, scheduler: bool = False
     ) -> None:
         self._event_counter += 1
+        host = state.node or self.node["metadata"]["name"]
         ns = _ns_of(self, state.name)
         pod = self.objects.get(("pods", ns, state.name))
         name = f"{state.name}.{(0x181A2B3C4D5E6F70 + self._event_counter):x}"
@@ -514,15 +672,15 @@ class FakeCluster:
         else:
             event["involvedObject"]["fieldPath"] = f"spec.containers{{{state.engine}}}"
             event.update(
-                source={"component": "kubelet", "host": self.node["metadata"]["name"]},
+                source={"component": "kubelet", "host": host},
                 firstTimestamp=rfc3339(t),
                 lastTimestamp=rfc3339(t),
                 count=1,
                 eventTime=None,
                 reportingComponent="kubelet",
-                reportingInstance=self.node["metadata"]["name"],
+                reportingInstance=host,
             )
-        if reason == "Failed":
+        if reason in ("Failed", "FailedAttachVolume"):
             event["type"] = "Warning"
         self.objects[("events", ns, name)] = event
 
@@ -549,10 +707,9 @@ class FakeCluster:
 
         reconcile_jobs(self)
         for state in sorted(self.pods.values(), key=lambda s: s.created):
-            if state.gone is None and state.finished is None:
+            # a container that exited stays as it is, unless the pod is being deleted
+            if state.gone is None and (state.finished is None or state.delete_requested):
                 self._advance(state)
-            elif state.finished is not None and state.delete_requested is not None:
-                self._advance(state)  # a finished pod being deleted goes
         for (res, _ns, _name), dep in self.objects.items():
             if res == "deployments":
                 dname = dep["metadata"]["name"]
@@ -566,105 +723,121 @@ class FakeCluster:
                     "updatedReplicas": len(pods),
                 }
 
-    def _gpu_holder(self, state: _PodState) -> _PodState | None:
-        if not state.gpu:
-            return None
+    def _gpu_holder(self, state: _PodState, node: str) -> _PodState | None:
         for other in self.pods.values():
-            if (
-                other is not state
-                and other.gpu
-                and other.gone is None
-                and other.scheduled is not None
-                and other.finished is None
-            ):
+            if other is not state and other.gone is None and other.node == node:
                 return other
         return None
 
-    def script(self, state: _PodState) -> PodScript:
-        """The pod's script: its container's, else the default one (a pod that is not an engine)."""
-        if state.gpu:
-            return self.scripts[state.engine]
-        return self.scripts.get(state.engine, DEFAULT_SCRIPT)
+    def _misfit(self, state: _PodState, spec: dict[str, Any], node: dict[str, Any]) -> str | None:
+        """Why `node` cannot take the pod, in the scheduler's words (None: it can)."""
+        labels = node["metadata"]["labels"]
+        if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+            return "node(s) didn't match Pod's node affinity/selector"
+        tolerated = {t.get("key") for t in spec.get("tolerations") or []}
+        for taint in node["spec"].get("taints") or []:
+            if taint.get("effect") == "NoSchedule" and taint["key"] not in tolerated:
+                return f"node(s) had untolerated taint {{{taint['key']}: }}"
+        ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        if not ready or ready[0]["status"] != "True":
+            return "node(s) had untolerated taint {node.kubernetes.io/unreachable: }"
+        if self._gpu_holder(state, node["metadata"]["name"]) is not None:
+            return "Insufficient nvidia.com/gpu"
+        return None
 
-    def _node_for(self, pod: dict[str, Any], state: _PodState) -> str:
-        given = pod["spec"].get("nodeName")
-        if given:
-            return str(given)
-        return self.node["metadata"]["name"] if state.gpu else CPU_NODE
+    def _place(self, state: _PodState, pod: dict[str, Any]) -> str | None:
+        """The node the scheduler binds the pod to now (None: none fits; said once, as a
+        FailedScheduling event)."""
+        ns = pod["metadata"]["namespace"]
+        missing = [c for c in state.claims if ("persistentvolumeclaims", ns, c) not in self.objects]
+        fits: list[str] = []
+        why: dict[str, int] = {}
+        if missing:
+            total = len(self.node_list) + 1
+            message = (
+                f'0/{total} nodes are available: persistentvolumeclaim "{missing[0]}" not found.'
+            )
+        else:
+            for node in self.node_list:
+                reason = self._misfit(state, pod["spec"], node)
+                if reason is None:
+                    fits.append(node["metadata"]["name"])
+                else:
+                    why[reason] = why.get(reason, 0) + 1
+            if fits:
+                return sorted(fits)[0]
+            # the cluster's CPU node matches no GPU selector
+            selector = "node(s) didn't match Pod's node affinity/selector"
+            why[selector] = why.get(selector, 0) + 1
+            parts = ", ".join(f"{n} {reason}" for reason, n in sorted(why.items()))
+            message = f"0/{len(self.node_list) + 1} nodes are available: {parts}."
+        if "FailedScheduling" not in state.done:
+            state.done.add("FailedScheduling")
+            self._event(state, "FailedScheduling", message, self.now, scheduler=True)
+        return None
 
-    def add_pod(
-        self, ns: str, pod: dict[str, Any], *, owner_job: str | None = None, owner_hash: str = ""
-    ) -> _PodState:
-        """Store a pod (status Pending) and its lifecycle state; the pod's first container names
-        its script."""
-        container = pod["spec"]["containers"][0]
-        limits = (container.get("resources") or {}).get("limits") or {}
-        state = _PodState(
-            pod["metadata"]["name"],
-            container["name"],
-            "",
-            owner_hash,
-            created=self.now,
-            gpu=any(key.endswith("/gpu") for key in limits),
-            job=owner_job,
-        )
-        pod.setdefault("status", {"phase": "Pending", "qosClass": "Burstable"})
-        self.objects[("pods", ns, state.name)] = pod
-        self.pods[state.name] = state
-        return state
+    def _attach_blocker(self, state: _PodState) -> str | None:
+        """A pod on another node using a ReadWriteOnce claim this pod mounts (None: none)."""
+        ns = _ns_of(self, state.name)
+        for claim in state.claims:
+            pvc = self.objects.get(("persistentvolumeclaims", ns, claim)) or {}
+            if "ReadWriteOnce" not in (pvc.get("spec") or {}).get("accessModes", []):
+                continue
+            for other in self.pods.values():
+                if (
+                    other is not state
+                    and other.gone is None
+                    and other.node not in (None, state.node)
+                    and claim in other.claims
+                ):
+                    return other.name
+        return None
 
-    def create_pod(self, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /pods: a bare pod (servelab campaign fetch's helper)."""
-        if ns not in self.namespaces:
-            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found')
-        name = body["metadata"]["name"]
-        if ("pods", ns, name) in self.objects:
-            raise ApiError(409, "AlreadyExists", f'pods "{name}" already exists')
-        pod = copy.deepcopy(body)
-        pod["metadata"].update(
-            namespace=ns,
-            uid=self.uid(),
-            resourceVersion=self.rv(),
-            creationTimestamp=rfc3339(self.now),
-        )
-        pod["spec"].setdefault("schedulerName", "default-scheduler")
-        pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
-        self.add_pod(ns, pod)
-        self.reconcile()
-        return copy.deepcopy(self.objects[("pods", ns, name)])
-
-    def _schedule(self, s: _PodState, script: PodScript, pod: dict[str, Any], ns: str) -> bool:
-        """The scheduler's part: True once the pod is bound to its node."""
-        if self._gpu_holder(s) is not None:
-            if "FailedScheduling" not in s.done:
-                s.done.add("FailedScheduling")
-                self._event(
-                    s,
-                    "FailedScheduling",
-                    "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't "
-                    "match Pod's node affinity/selector.",
-                    self.now,
-                    scheduler=True,
-                )
+    def _schedule(self, s: _PodState, pod: dict[str, Any], script: PodScript) -> bool:
+        """Bind the pod to a node once one fits and its GPU is free; True once bound. A pod that
+        requests no GPU goes to the node it names, else to the CPU node, at once."""
+        if s.gpu and self.hold is not None and self.hold(self):
+            return False
+        node = self._place(s, pod) if s.gpu else str(pod["spec"].get("nodeName") or CPU_NODE)
+        if node is None:
             return False
         due = s.created + script.schedule_s
         if s.gpu:
-            due = max(due, self.gpu_free_since)
+            due = max(due, self.gpu_free_since[node])
         if self.now < due:
             return False
-        s.scheduled = due
-        pod["spec"]["nodeName"] = self._node_for(pod, s)
+        s.scheduled, s.node = due, node
+        pod["spec"]["nodeName"] = node
         pod["status"]["conditions"] = [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(due)}
         ]
+        ns = pod["metadata"]["namespace"]
         self._event(
-            s,
-            "Scheduled",
-            f"Successfully assigned {ns}/{s.name} to {pod['spec']['nodeName']}",
-            due,
-            scheduler=True,
+            s, "Scheduled", f"Successfully assigned {ns}/{s.name} to {node}", due, scheduler=True
         )
         return True
+
+    def _attach(self, s: _PodState, pod: dict[str, Any]) -> bool:
+        """Attach the pod's volumes once no pod on another node holds a ReadWriteOnce claim of
+        them; True once attached (at scheduling when nothing was in the way)."""
+        blocker = self._attach_blocker(s)
+        if blocker is None:
+            s.attached = s.scheduled if "FailedAttachVolume" not in s.done else self.now
+            return True
+        if "FailedAttachVolume" not in s.done:
+            s.done.add("FailedAttachVolume")
+            image = pod["spec"]["containers"][0]["image"]
+            pod["status"]["containerStatuses"] = [
+                _container_status(s.engine, image, ready=False, waiting=("ContainerCreating", None))
+            ]
+            self._event(
+                s,
+                "FailedAttachVolume",
+                f"Multi-Attach error for volume {', '.join(s.claims)}: Volume is already used by "
+                f"pod(s) {blocker}",
+                self.now,
+            )
+        return False
 
     def _advance(self, s: _PodState) -> None:
         script = self.script(s)
@@ -675,11 +848,13 @@ class FakeCluster:
             due = s.delete_requested + script.terminate_s
             if self.now >= due:
                 s.gone = due
-                if s.gpu:
-                    self.gpu_free_since = max(self.gpu_free_since, due)
+                if s.node in self.gpu_free_since:
+                    self.gpu_free_since[s.node] = max(self.gpu_free_since[s.node], due)
                 self._remove_pod(s)
             return
-        if s.scheduled is None and not self._schedule(s, script, pod, ns):
+        if s.scheduled is None and not self._schedule(s, pod, script):
+            return
+        if s.attached is None and not self._attach(s, pod):
             return
         image = pod["spec"]["containers"][0]["image"]
         if s.blocked_secret is not None:
@@ -697,18 +872,18 @@ class FakeCluster:
                     )
                 ]
                 self._event(
-                    s, "Failed", f'Error: secret "{s.blocked_secret}" not found', s.scheduled
+                    s, "Failed", f'Error: secret "{s.blocked_secret}" not found', s.attached
                 )
             return
         if s.pulled is None:
             if script.pull_s is None:
-                s.pulled = s.scheduled
+                s.pulled = s.attached
                 self._event(
                     s, "Pulled", f'Container image "{image}" already present on machine', s.pulled
                 )
             else:
                 if s.pulling is None:
-                    s.pulling = s.scheduled
+                    s.pulling = s.attached
                     self._event(s, "Pulling", f'Pulling image "{image}"', s.pulling)
                     pod["status"]["containerStatuses"] = [
                         _container_status(
@@ -780,16 +955,16 @@ class FakeCluster:
                 _container_status(s.engine, image, ready=True, running=s.started)
             ]
         if s.finished is None and script.exit_after_s is not None and s.ready is not None:
-            due = s.started + script.exit_after_s
-            if self.now < due:
-                return
-            self._exit(s, pod, image, due, script.exit_code)
+            self._exit(s, pod, image, s.started + script.exit_after_s, script.exit_code)
 
     def _exit(self, s: _PodState, pod: dict[str, Any], image: str, when: float, code: int) -> None:
-        """The container ends: the pod is Succeeded (code 0) or Failed, and stays (a restartPolicy
-        Never pod is not restarted)."""
+        """The container ends at `when` (once the clock is there): the pod is Succeeded (code 0)
+        or Failed, and stays (a restartPolicy Never pod is not restarted)."""
+        if self.now < when:
+            return
         s.finished, s.exit_code = when, code
         status = _container_status(s.engine, image, ready=False)
+        status["started"] = False
         status["state"] = {
             "terminated": {
                 "exitCode": code,
@@ -798,7 +973,6 @@ class FakeCluster:
                 "finishedAt": rfc3339(when),
             }
         }
-        status["started"] = False
         pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
         pod["status"]["containerStatuses"] = [status]
         for cond in pod["status"].get("conditions") or []:
@@ -862,3 +1036,16 @@ def _field(obj: dict[str, Any], path: str) -> Any:
     for part in path.split("."):
         cur = cur.get(part) if isinstance(cur, dict) else None
     return cur
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge_patch(out.get(key), value)
+    return out

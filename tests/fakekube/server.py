@@ -15,7 +15,7 @@ It serves ONLY the endpoints servelab calls (the kubernetes backend; `servelab c
 | /api/v1/namespaces/{ns}/events | GET (list, fieldSelector) |
 | /api/v1/namespaces/{ns}/serviceaccounts[/{name}] | POST, GET |
 | /api/v1/namespaces/{ns}/configmaps[/{name}] | POST, GET, PUT |
-| /api/v1/nodes/{name} | GET |
+| /api/v1/nodes[/{name}] | GET (list, labelSelector; one), PATCH (merge patch of metadata) |
 | /apis/batch/v1/namespaces/{ns}/jobs[/{name}] | POST, GET (list, one), DELETE |
 | /apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles, rolebindings[/{name}] | POST, GET, PUT |
 | /apis/rbac.authorization.k8s.io/v1/clusterroles, clusterrolebindings[/{name}] | POST, GET, PUT |
@@ -63,7 +63,7 @@ ROUTES = [
         ),
         "v1",
     ),
-    (re.compile(r"^/api/v1/(?P<res>nodes)/(?P<name>[^/]+)$"), "v1"),
+    (re.compile(r"^/api/v1/(?P<res>nodes)(?:/(?P<name>[^/]+))?$"), "v1"),
     (re.compile(rf"^/apis/batch/v1{_NS}/(?P<res>jobs)(?:/(?P<name>[^/]+))?$"), "batch/v1"),
     (
         re.compile(
@@ -85,7 +85,7 @@ ALLOWED = {
     "podmonitors": {"POST", "GET", "PUT", "DELETE"},
     "pods": {"POST", "GET", "DELETE"},
     "events": {"GET"},
-    "nodes": {"GET"},
+    "nodes": {"GET", "PATCH"},
     "jobs": {"POST", "GET", "DELETE"},
     "serviceaccounts": {"POST", "GET"},
     "configmaps": {"POST", "GET", "PUT"},
@@ -108,6 +108,7 @@ LIST_KIND = {
     "rolebindings": "RoleBindingList",
     "clusterroles": "ClusterRoleList",
     "clusterrolebindings": "ClusterRoleBindingList",
+    "nodes": "NodeList",
 }
 WEBSOCKET_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 STDOUT, STDERR, ERROR = 1, 2, 3
@@ -175,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
         with cluster.lock:
             cluster.requests.append((method, url.path))
             try:
-                body = self._body() if method in ("POST", "PUT", "DELETE") else {}
+                body = self._body() if method in ("POST", "PUT", "DELETE", "PATCH") else {}
                 code, payload, ctype = self._route(method, url.path, query, body)
             except ApiError as err:
                 code, payload, ctype = err.code, err.status(), "application/json"
@@ -239,10 +240,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method not in ALLOWED[res]:
                 raise ApiError(405, "MethodNotAllowed", f"{method} {res} is not served by the fake")
             if res == "nodes":
-                node = c.node
-                if node["metadata"]["name"] != name:
-                    raise ApiError(404, "NotFound", f'nodes "{name}" not found')
-                return 200, node, "application/json"
+                return self._nodes(method, name, query, body)
             if res == "pods" and method == "GET":
                 c.tick()  # polling pods is what moves the fake clock
             if m.groupdict().get("sub") == "/log":
@@ -291,6 +289,26 @@ class _Handler(BaseHTTPRequestHandler):
         raise ApiError(
             404, "NotFound", f"the server could not find the requested resource ({path})"
         )
+
+    def _nodes(
+        self, method: str, name: str | None, query: dict[str, str], body: dict[str, Any]
+    ) -> tuple[int, Any, str]:
+        c = self.cluster
+        if method == "PATCH":
+            if name is None:
+                raise ApiError(405, "MethodNotAllowed", "PATCH of the node collection")
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            return 200, c.patch_node(name, body, content_type), "application/json"
+        if name is not None:
+            return 200, c.node_named(name), "application/json"
+        items = c.list_nodes(query.get("labelSelector", ""))
+        listing = {
+            "kind": "NodeList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(c._rv)},
+            "items": items,
+        }
+        return 200, listing, "application/json"
 
     def do_GET(self) -> None:
         self._handle("GET")

@@ -140,6 +140,7 @@ VOCABULARIES = {
     "RESTART_PHASES": "Restart record (restart.json)",
     "RUN_JSON_REQUIRED": "Run record (run.json)",
     "TELEMETRY_METRICS": "telemetry.parquet",
+    "GPU_TELEMETRY_METRICS": "telemetry.parquet",
     "TRACE_MANIFEST_REQUIRED": "Trace manifest (manifest.json)",
     "ROLES": "trace.parquet",
     "RUN_FILES": "Measured, attempts and discarded runs",

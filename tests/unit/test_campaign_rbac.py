@@ -259,6 +259,7 @@ def test_the_role_grants_exactly_what_the_code_calls() -> None:
     derived, rules = derive(modules()), granted()
     assert derived, "no API call found: the derivation is broken"
     assert ("", "nodes", "get", False) in derived  # node identity, cluster-scoped
+    assert ("", "nodes", "patch", False) in derived  # node-slot labels (campaign.gpu_nodes)
     assert ("monitoring.coreos.com", "podmonitors", "create", True) in derived  # custom object
     assert not [r for r in rules if "secrets" in r[1]]
     assert derived == rules, (
@@ -271,12 +272,12 @@ def test_a_planted_api_call_fails_the_comparison() -> None:
     sources = modules()
     planted = dict(sources)
     planted["servelab.deploy.kube_cluster"] += (
-        "\n\ndef _planted(cluster):\n    cluster.core.patch_node('n', {})\n"
+        "\n\ndef _planted(cluster):\n    cluster.core.delete_node('n')\n"
         "    cluster.apps.delete_collection_namespaced_deployment('ns')\n"
     )
     extra = derive(planted) - derive(sources)
     assert extra == {
-        ("", "nodes", "patch", False),
+        ("", "nodes", "delete", False),
         ("apps", "deployments", "deletecollection", True),
     }
     assert derive(planted) != granted()
@@ -382,3 +383,18 @@ def test_every_request_the_backend_makes_is_granted(tmp_path: Path) -> None:
         (method, path) for method, path in requests if rule_of(method, path) not in rules
     )
     assert not denied, f"requests the Role would refuse: {denied}"
+
+
+def test_the_documented_role_is_the_rendered_one() -> None:
+    """docs/kubernetes.md shows the Role's rules: the template's, not a copy that drifted."""
+    text = (REPO / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    block = re.search(r"The Role grants exactly.*?```yaml\n(.*?)```", text, re.S)
+    assert block, "docs/kubernetes.md no longer shows the Role"
+    documented = {
+        (group, resource, verb, True)
+        for rule in yaml.safe_load(block.group(1))["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert documented == {rule for rule in granted() if rule[3]}

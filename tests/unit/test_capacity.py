@@ -6,6 +6,8 @@ bracket agrees with an exhaustive sweep over a fine rate grid on the same seeds.
 from __future__ import annotations
 
 import copy
+import csv
+import io
 from functools import cache
 from pathlib import Path
 
@@ -163,6 +165,76 @@ def test_capacity_csv_reports_the_bracket_probes_and_load_hours() -> None:
     assert fields["criteria"] == "X>=0.7*offered;ttft_p99_s<=2"
 
 
+def test_each_bracket_end_reports_energy_and_cost_per_token(tmp_path: Path) -> None:
+    """A probe records each repetition's window, ok output tokens and GPU energy; the CSV pools
+    the probe at each end of the bracket (ratios of sums) and prices it; null without a series,
+    a price, or the figures (a state written before they were recorded)."""
+    settings = CapacitySettings.from_config(_config(keeps_pace=0.7, limits={"ttft_p99_s": 2.0}))
+    spec = RunSpec("defaults", "sglang", "cap-tiny-r0.1", "rep1")
+    counter = [(60.0 * k, 5e9 + 1.2e6 * k) for k in range(11)]  # 12 kJ in the 600 s window
+    lit = write_simple_run(tmp_path / "a", spec, [0.5] * 9, end_s=500.0, gpu_energy_mj=counter)
+    dark = write_simple_run(tmp_path / "b", spec, [0.5] * 9, end_s=500.0)  # no GPU series
+    passed = evaluate_probe([lit, lit], settings, duration_s=500.0)
+    failed = evaluate_probe([lit, dark], settings, duration_s=50.0)  # falls behind: fails
+    assert passed["passed"] and not failed["passed"]
+    rep = passed["reps"][0]
+    assert (rep["window_s"], rep["output_tokens"], rep["gpu_energy_j"]) == (600.0, 24, 12e3)
+    assert failed["reps"][1]["gpu_energy_j"] is None
+    state = {
+        "arm": "defaults", "engine": "sglang", "shape": "tiny", "stopped": "tolerance",
+        "bracket": [0.1, 1.0],
+        "probes": [
+            {"rate": 0.1, "load_s": 1200.0, **passed},
+            {"rate": 1.0, "load_s": 1200.0, **failed},
+        ],
+    }  # fmt: skip
+    rows = list(
+        csv.DictReader(io.StringIO(capacity_csv([state], settings, usd_per_node_hour=0.36)))
+    )
+    row = rows[0]
+    assert (row["capacity_low"], row["capacity_high"]) == ("0.1", "1")
+    assert float(row["j_per_output_token_low"]) == pytest.approx(24e3 / 48)
+    # $0.36/h x 2 x 600 s / 48 tokens x 1e6 = $2500 per million
+    assert float(row["usd_per_million_output_tokens_low"]) == pytest.approx(2500.0)
+    assert row["j_per_output_token_high"] == ""  # one repetition without the GPU series
+    assert float(row["usd_per_million_output_tokens_high"]) == pytest.approx(2500.0)
+    unpriced = next(csv.DictReader(io.StringIO(capacity_csv([state], settings))))
+    assert unpriced["usd_per_million_output_tokens_low"] == ""
+    for probe in state["probes"]:  # a state from before the figures were recorded
+        for rep in probe["reps"]:
+            for key in ("window_s", "output_tokens", "gpu_energy_j"):
+                rep.pop(key)
+    old = next(csv.DictReader(io.StringIO(capacity_csv([state], settings, usd_per_node_hour=1))))
+    assert {old[c] for c in old if c.endswith(("_low", "_high")) and "token" in c} == {""}
+
+
+def test_a_probe_without_telemetry_reads_the_gpu_energy_from_its_scrape(tmp_path: Path) -> None:
+    """Probe runs have no telemetry job: their scrape.parquet is mapped as the telemetry rule
+    maps a campaign run's, at the campaign's step."""
+    import pyarrow as pa
+
+    from servelab.artifacts import SCRAPE_SCHEMA, write_parquet
+    from servelab.engines.metrics import METRIC_MAP
+
+    settings = CapacitySettings.from_config(_config(keeps_pace=0.7, limits={"ttft_p99_s": 2.0}))
+    run = _probe_run(tmp_path / "r", end_s=500.0)
+    (run / "telemetry.parquet").unlink()
+    grid = [5.0 * k for k in range(121)]  # run.json's 600 s window, every 5 s
+    series = {name: [1.0] * len(grid) for name in set(METRIC_MAP["sglang"].values())}
+    series["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] = [3e9 + 2e4 * t for t in grid]  # 20 W
+    rows = [
+        {"run_id": "x", "t_s": t, "source_metric": name, "value": v}
+        for name, values in series.items()
+        for t, v in zip(grid, values, strict=True)
+    ]
+    write_parquet(run / "scrape.parquet", pa.Table.from_pylist(rows, schema=SCRAPE_SCHEMA))
+    with_step = evaluate_probe([run], settings, duration_s=500.0, step_s=5.0)
+    assert with_step["reps"][0]["gpu_energy_j"] == pytest.approx(20.0 * 600)
+    without = evaluate_probe([run], settings, duration_s=500.0)
+    assert without["reps"][0]["gpu_energy_j"] is None
+    assert with_step["passed"] == without["passed"]  # the verdict never depends on it
+
+
 def test_bisection_agrees_with_an_exhaustive_sweep_on_the_same_seeds(tmp_path: Path) -> None:
     """Short sim runs (SGLang, σ 0.5, L 1024, 300 s, one seed per rate): a probe at a rate is the
     same measurement whoever asks for it, so the bisection's bracket must agree with the grid.
@@ -204,3 +276,24 @@ def test_bisection_agrees_with_an_exhaustive_sweep_on_the_same_seeds(tmp_path: P
     last_pass = max(r for r in grid if outcome[r])
     first_fail = min(r for r in grid if not outcome[r])
     assert last_pass < high and first_fail > low
+
+
+def test_the_search_deploys_its_engine_as_its_probes_run_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the local backend with pinned cores, the search's deployment carries its pinning and
+    its node slot, so the first probe finds the server as it needs it (not started again)."""
+    from servelab.capacity import step
+
+    config = _config(
+        shapes=[{"name": "tiny", "sharing": 0.5, "prompt_tokens": 1024, "duration_s": 300}],
+        limits={"ttft_p50_s": 1.0},
+    )
+    config["backend"] = "local"
+    config["local"] = {"engine_cpus": [1], "client_cpus": [0]}
+    seen: dict = {}
+    monkeypatch.setattr(step.campaign_deploy, "deploy", lambda **kwargs: seen.update(kwargs))
+    deploy_search(config, Search("defaults", "sglang", "tiny"), tmp_path / "deployment")
+    assert list(seen["identity"]["local"]["engine_cpus"]) == [1]
+    assert list(seen["identity"]["local"]["client_cpus"]) == [0]
+    assert seen["node"] == step.search_node(config, Search("defaults", "sglang", "tiny"))

@@ -19,8 +19,10 @@ import pytest
 from servelab.artifacts import SCRAPE_SCHEMA, read_parquet
 from servelab.engines.metrics import METRIC_MAP
 from servelab.telemetry import TelemetryWindowError
+from servelab.telemetry.canonical import GPU_METRIC_MAP
 from servelab.telemetry.prometheus import (
     PrometheusError,
+    gpu_promql_queries,
     promql_queries,
     pull_scrape_files,
     pull_window,
@@ -41,6 +43,20 @@ def test_promql_matches_golden(engine: str) -> None:
         pytest.fail(f"rewrote {path}; rerun without UPDATE_GOLDENS")
     assert text == path.read_text()
     assert set(queries) == {s for s in METRIC_MAP[engine].values() if s}
+
+
+def test_gpu_promql_matches_golden() -> None:
+    """The engine GPU's DCGM series: one per GPU UUID, restricted by the selector."""
+    queries = gpu_promql_queries({"node": "gke-servelab-gpu-pool-1", "job": 'a"b'})
+    text = "".join(f"{source}\t{query}\n" for source, query in queries.items())
+    path = GOLDEN / "dcgm.txt"
+    if os.environ.get("UPDATE_GOLDENS") == "1":
+        path.write_text(text)
+        pytest.fail(f"rewrote {path}; rerun without UPDATE_GOLDENS")
+    assert text == path.read_text()
+    assert set(queries) == set(GPU_METRIC_MAP.values())
+    with pytest.raises(ValueError, match="selector"):
+        gpu_promql_queries({})
 
 
 def test_promql_refuses_unknown_engine_and_empty_selector() -> None:
@@ -217,3 +233,65 @@ def test_pull_scrape_files_writes_the_raw_schema(prom_full: FakePrometheus, tmp_
     )
     table = read_parquet(path, SCRAPE_SCHEMA)
     assert table.num_rows == 7 * 7  # seven vLLM series, seven steps each
+
+
+def _gpu_answer(gpus: int) -> Answer:
+    """The engine's series full; each DCGM series for `gpus` GPUs (0: Prometheus has none)."""
+
+    def answer(query: str, start: float, end: float, step: float) -> tuple[int, dict]:
+        if "DCGM_" not in query:
+            return full(query, start, end, step)
+        n = int((end - start) // step) + 1
+        result = [
+            {
+                "metric": {"UUID": f"GPU-{g}"},
+                "values": [[start + k * step, repr(1e9 + 1e5 * k)] for k in range(n)],
+            }
+            for g in range(gpus)
+        ]
+        return 200, {"status": "success", "data": {"resultType": "matrix", "result": result}}
+
+    return answer
+
+
+@pytest.mark.parametrize(("gpus", "rows"), [(1, 13), (0, 0), (2, 0)])
+def test_the_gpu_series_join_the_scrape_or_are_left_out(
+    tmp_path: Path, gpus: int, rows: int
+) -> None:
+    """One GPU: its DCGM series beside the engine's. None, or a selector matching two GPUs: the
+    run's scrape is written without them (logged), never an error and never a sum."""
+    path = tmp_path / "scrape.parquet"
+    with FakePrometheus(_gpu_answer(gpus)) as prom:
+        pull_scrape_files(
+            prometheus_url=prom.url,
+            engine="sglang",
+            selector={"deployment": "d"},
+            run_id="a/sglang/c/rep1",
+            start_unix_s=START,
+            end_unix_s=START + 60.0,
+            step_s=5.0,
+            scrape_path=path,
+            gpu_selector={"node": "gke-n1"},
+        )
+        gpu_queries = [q for q in prom.calls if "DCGM_" in q]
+    assert sorted(gpu_queries) == sorted(gpu_promql_queries({"node": "gke-n1"}).values())
+    sources = read_parquet(path, SCRAPE_SCHEMA).column("source_metric").to_pylist()
+    for source in GPU_METRIC_MAP.values():
+        assert sources.count(source) == rows
+    assert {s for s in METRIC_MAP["sglang"].values() if s} <= set(sources)
+
+
+def test_no_gpu_selector_pulls_no_gpu_series(prom_full: FakePrometheus, tmp_path: Path) -> None:
+    """The local backend (and a kubernetes config with gpu_metrics_selector {}): engine only."""
+    pull_scrape_files(
+        prometheus_url=prom_full.url,
+        engine="vllm",
+        selector={"deployment": "d"},
+        run_id="r",
+        start_unix_s=START,
+        end_unix_s=START + 30,
+        step_s=5.0,
+        scrape_path=tmp_path / "scrape.parquet",
+        gpu_selector={},
+    )
+    assert not [q for q in prom_full.calls if "DCGM_" in q]

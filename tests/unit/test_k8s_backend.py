@@ -107,6 +107,7 @@ def test_normal_deployment_writes_log_and_resolved_configuration(
             f"Service/{spec['deployment_id']} replaced",
             f"Deployment/{spec['deployment_id']} replaced",
             f"PodMonitor/{spec['deployment_id']} replaced",
+            "PodMonitor/servelab-dcgm-exporter replaced",
         ]
         assert backend.cluster.engine_pod(spec["deployment_id"])["metadata"]["uid"] == pod_before
         # Deploying (not just applying) again starts a fresh engine whose whole log is gated.
@@ -266,7 +267,9 @@ def test_ensure_deployed_brings_back_a_retired_deployment(study: dict, tmp_path:
         assert {k[2] for k in cluster.objects if k[0] == "deployments"} == {vllm["deployment_id"]}
 
 
-def test_teardown_keeps_only_the_weight_volume(study: dict, tmp_path: Path) -> None:
+def test_teardown_keeps_only_the_shared_objects(study: dict, tmp_path: Path) -> None:
+    """Teardown removes the deployment's own objects; the weight volume and the DCGM exporter's
+    PodMonitor, which every deployment shares, stay."""
     spec, rendered = _render(study, tmp_path, "defaults", "vllm", "rate-0.12")
     cluster = _cluster()
     with running(cluster) as kube:
@@ -276,7 +279,11 @@ def test_teardown_keeps_only_the_weight_volume(study: dict, tmp_path: Path) -> N
         assert deleted == [
             f"{k}/{spec['deployment_id']}" for k in ("PodMonitor", "Service", "Deployment")
         ]
-        assert {k[0] for k in cluster.objects if k[0] != "events"} == {"persistentvolumeclaims"}
+        left = {(k[0], k[2]) for k in cluster.objects if k[0] != "events"}
+        assert left == {
+            ("persistentvolumeclaims", "servelab-models"),
+            ("podmonitors", "servelab-dcgm-exporter"),
+        }
         assert backend.teardown(spec["deployment_id"]) == []  # nothing left: not an error
         assert backend.node_identity(spec["deployment_id"])["pod_gone"] is True
 
@@ -285,7 +292,10 @@ def test_cluster_without_the_podmonitor_crd_or_the_namespace(study: dict, tmp_pa
     spec, rendered = _render(study, tmp_path, "defaults", "vllm", "rate-0.12")
     with running(_cluster(crds=False)) as kube:
         lines = backend_for(kube).cluster.apply(rendered)
-        assert lines[-1] == f"PodMonitor/{spec['deployment_id']} skipped (no PodMonitor CRD)"
+        assert lines[-2:] == [
+            f"PodMonitor/{spec['deployment_id']} skipped (no PodMonitor CRD)",
+            "PodMonitor/servelab-dcgm-exporter skipped (no PodMonitor CRD)",
+        ]
     no_namespace = pytest.raises(
         KubernetesBackendError, match="namespace 'servelab' not found; create it"
     )
@@ -382,6 +392,10 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         "servelab_dev_deployment": spec["deployment_id"],
     }
     assert seen["pull"]["prometheus_url"] == study["telemetry"]["prometheus_url"]
+    # the engine GPU's DCGM series: selected by the node the engine pod was on at the start
+    node = seen["identities"][0]["name"]
+    assert node and seen["pull"]["gpu_selector"] == {"node": node}
+    assert record["kubernetes"]["gpu_metrics_selector"] == {"node": node}
     assert json.loads((run_dir / "run.json").read_text()) == record
     assert (run_dir / "requests.parquet").is_file() and (run_dir / "scrape.parquet").is_file()
     # the node watch during the run: every kubernetes.node_watch_s, the same test as at the end

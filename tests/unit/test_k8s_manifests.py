@@ -44,8 +44,9 @@ K8S_VERSION = "1.35"  # the study's GKE version; kubernetes-validate ships schem
 
 # The structure of the PodMonitor fields we render, taken from prometheus-operator's CRD
 # (example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml, operator 0.91.0:
-# spec.selector required; podTargetLabels a list of strings; podMetricsEndpoints[].port string,
-# path string, interval a Duration).
+# spec.selector required; spec.namespaceSelector.matchNames a list of strings; podTargetLabels a
+# list of strings; podMetricsEndpoints[].port string, path string, interval a Duration,
+# relabelings[] with sourceLabels a list of label names and targetLabel a string).
 # Stricter than the CRD on purpose: no field outside this subset is allowed.
 _DURATION = (
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
@@ -79,6 +80,14 @@ PODMONITOR_SCHEMA = {
                     "required": ["matchLabels"],
                     "properties": {"matchLabels": _LABELS},
                 },
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["matchNames"],
+                    "properties": {
+                        "matchNames": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+                    },
+                },
                 "podTargetLabels": {"type": "array", "items": {"type": "string"}},
                 "podMetricsEndpoints": {
                     "type": "array",
@@ -91,6 +100,24 @@ PODMONITOR_SCHEMA = {
                             "port": {"type": "string", "minLength": 1},
                             "path": {"type": "string", "pattern": "^/"},
                             "interval": {"type": "string", "pattern": _DURATION},
+                            "relabelings": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "required": ["sourceLabels", "targetLabel"],
+                                    "properties": {
+                                        "sourceLabels": {
+                                            "type": "array",
+                                            "items": {
+                                                "type": "string",
+                                                "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$",
+                                            },
+                                        },
+                                        "targetLabel": {"type": "string", "minLength": 1},
+                                    },
+                                },
+                            },
                         },
                     },
                 },
@@ -150,7 +177,7 @@ def test_every_manifest_validates_against_kubernetes_1_35(rendered: dict) -> Non
             used = kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
             assert used == K8S_VERSION, (did, name, used)
         checked += 1
-    assert checked == 5 * 4
+    assert checked == 5 * 5  # five objects each, the DCGM exporter's PodMonitor among them
 
 
 def test_validation_would_catch_a_broken_manifest(rendered: dict) -> None:
@@ -291,6 +318,44 @@ def test_deployment_carries_the_study_configuration(
         {"port": "http", "path": "/metrics", "interval": "5s"}
     ]
     assert "servelab.dev/deployment" in monitor["spec"]["podTargetLabels"]
+    # The GPU's DCGM exporter (GKE's managed one), its series labelled with the node it runs on.
+    dcgm = yaml.safe_load(files["podmonitor-dcgm.yaml"])
+    assert dcgm["metadata"]["name"] == "servelab-dcgm-exporter"  # one, whichever deployment
+    assert dcgm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert dcgm["spec"]["namespaceSelector"] == {"matchNames": ["gke-managed-system"]}
+    assert dcgm["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gke-managed-dcgm-exporter"
+    }
+    assert dcgm["spec"]["podMetricsEndpoints"] == [
+        {
+            "port": "metrics",
+            "path": "/metrics",
+            "interval": "5s",
+            "relabelings": [
+                {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+            ],
+        }
+    ]
+
+
+def test_the_dcgm_podmonitor_follows_its_settings_and_can_be_left_out(study: dict) -> None:
+    d = next(iter(_study_deployments(study).values()))
+    own = {
+        **study["kubernetes"],
+        "dcgm_exporter": {
+            "namespace": "gpu-operator",
+            "pod_labels": {"app": "nvidia-dcgm-exporter"},
+            "port": "gpu-metrics",
+        },
+    }
+    dcgm = yaml.safe_load(render_for({**study, "kubernetes": own}, d)["podmonitor-dcgm.yaml"])
+    jsonschema.validate(dcgm, PODMONITOR_SCHEMA)
+    assert dcgm["spec"]["namespaceSelector"]["matchNames"] == ["gpu-operator"]
+    assert dcgm["spec"]["selector"]["matchLabels"] == {"app": "nvidia-dcgm-exporter"}
+    assert dcgm["spec"]["podMetricsEndpoints"][0]["port"] == "gpu-metrics"
+    off = {**study["kubernetes"], "dcgm_exporter": {"enabled": False}}
+    files = render_for({**study, "kubernetes": off}, d)
+    assert list(files) == [n for n in MANIFEST_FILES if n != "podmonitor-dcgm.yaml"]
 
 
 def test_settings_change_what_is_rendered(study: dict) -> None:
@@ -403,7 +468,7 @@ def test_load_rendered_reads_a_directory_or_one_multi_document_file(
     write_rendered(files, tmp_path / did)
     # The workflow's render rule writes one multi-document file, objects in file-name order.
     (tmp_path / f"{did}.yaml").write_text("---\n".join(files[n] for n in sorted(files)))
-    order = ["PersistentVolumeClaim", "Service", "Deployment", "PodMonitor"]
+    order = ["PersistentVolumeClaim", "Service", "Deployment", "PodMonitor", "PodMonitor"]
     for source in (tmp_path / did, tmp_path / f"{did}.yaml"):
         objects = load_rendered(source)
         assert [o["kind"] for o in objects] == order
@@ -539,6 +604,8 @@ _CHANGED_SETTING = {
     "pod_monitor": {"interval": "10s"},
     "engine_url": "http://{service}:{port}",
     "metrics_selector": {"pod": "{deployment_id}"},
+    "dcgm_exporter": {"namespace": "gpu-operator"},
+    "gpu_metrics_selector": {"Hostname": "{node}"},
     "timeouts": {"poll_s": 7},
     "campaign_job": {"name": "table5", "volume": {"size": "50Gi"}},
 }

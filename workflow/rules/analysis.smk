@@ -143,6 +143,8 @@ rule run_metrics:
         code=analysis_code(),
         run_json=run_files("run_json", RUNS),
         requests=run_files("requests", RUNS),
+        # the GPU's energy counter, where the backend has one (kubernetes)
+        telemetry=run_files("telemetry", RUNS),
     output:
         csv="results/run_metrics.csv",
         definitions="results/run_metrics.csv.json",
@@ -154,9 +156,11 @@ rule run_metrics:
         # The per-request SLO (config analysis.slo; default MLPerf's TTFT 2 s, TPOT 100 ms).
         slo=grid.request_slo(config),
         exclude_first_graph=config["analysis"]["exclude_first_graph"],
+        # USD per hour of the campaign's GPU node (config analysis.cost; null: no dollar figures)
+        usd_per_node_hour=grid.node_usd_per_hour(config),
         run_dirs=run_dirs(RUNS),
     message:
-        "every run's named latency metrics, goodput and SLO attainment -> {output.csv}"
+        "every run's named latency metrics, goodput, SLO attainment, energy and cost per token -> {output.csv}"
     script:
         "../scripts/run_metrics.py"
 

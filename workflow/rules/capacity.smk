@@ -14,7 +14,7 @@ rule capacity_deploy:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(capacity_deployment),
     params:
         search=capacity_search,
         # What defines the deployment; operational settings are read when the job runs.
@@ -37,7 +37,7 @@ checkpoint capacity_step:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(capacity_deployment),
     params:
         search=capacity_search,
         # What defines the probes (servelab.capacity.method.search_identity); operational settings are
@@ -62,6 +62,8 @@ rule capacity:
     params:
         capacity=config.get("capacity"),
         keeps_pace=config["analysis"]["keeps_pace"],
+        # USD per hour of the campaign's GPU node (config analysis.cost; null: no dollar figures)
+        usd_per_node_hour=grid.node_usd_per_hour(config),
     message:
         "capacity brackets of every search -> {output.csv}"
     script:

@@ -35,6 +35,44 @@ DEPLOYMENTS = {
 DEPLOYMENT_RANK = {deployment: rank for rank, deployment in enumerate(DEPLOYMENTS)}
 
 
+# ----------------------------------------------------------------------------- GPU nodes
+# campaign.gpu_nodes: each deployment is pinned to one node slot (servelab.grid.config.node_slots),
+# and every job that drives an engine holds that slot's resource node_slot_K (1 each) and one of
+# gpu_slots (N unless --resources or the profile caps it lower): blocks of different nodes run in
+# parallel (given --cores N or more), a node's own blocks one at a time, in deployment order.
+GPU_NODES = grid.gpu_nodes(config)
+NODE_SLOTS = grid.node_slots(config)
+for _slot in range(GPU_NODES):
+    if f"node_slot_{_slot}" not in workflow.global_resources:
+        workflow.register_resource(f"node_slot_{_slot}", 1)
+if "gpu_slots" not in workflow.global_resources:
+    workflow.register_resource("gpu_slots", GPU_NODES)
+
+
+def node_slot_of(deployment_id):
+    if deployment_id in NODE_SLOTS:
+        return NODE_SLOTS[deployment_id]
+    return grid.node_slot(config, deployment_id)
+
+
+def node_resources(job_deployment):
+    """The resources of a job that drives an engine: one of gpu_slots, and node_slot_K of its
+    deployment's slot K (`job_deployment`: wildcards -> deployment id), 0 of the others."""
+
+    def holds(slot):
+        return lambda wildcards: int(node_slot_of(job_deployment(wildcards)) == slot)
+
+    return {"gpu_slots": 1, **{f"node_slot_{k}": holds(k) for k in range(GPU_NODES)}}
+
+
+def deployment_wildcard(wildcards):
+    return wildcards.deployment
+
+
+def block_deployment(kind):
+    return lambda wildcards: block_of(kind, wildcards)[0].id
+
+
 def alternation(values):
     return "|".join(sorted(re.escape(value) for value in values))
 
@@ -387,6 +425,11 @@ def capacity_search(wildcards):
 def capacity_identity(wildcards):
     """What defines the search's measurements (servelab.capacity.method.search_identity)."""
     return capacity.search_identity(config, SEARCHES[wildcards.search])
+
+
+def capacity_deployment(wildcards):
+    """The node-slot key of a capacity search's deployment (results/deployments/capacity-{search})."""
+    return f"capacity-{wildcards.search}"
 
 
 def capacity_previous_step(wildcards):

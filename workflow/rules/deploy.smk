@@ -32,7 +32,7 @@ rule deploy:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(deployment_wildcard),
     params:
         # What defines the deployment (servelab.grid.identity); the cluster's whereabouts and the
         # waits are operational, read when the job runs.

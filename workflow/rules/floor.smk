@@ -41,7 +41,7 @@ rule floor_run:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(block_deployment("floor")),
     params:
         identity=block_identity("floor"),
         results_dir=results_root,

@@ -14,7 +14,7 @@ rule restart:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(lambda wildcards: restart_deployment(wildcards).id),
     params:
         deployment=restart_deployment_spec,
         backend=config["backend"],

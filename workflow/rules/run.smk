@@ -23,7 +23,7 @@ rule run:
     conda:
         "../../environment.yml"
     resources:
-        gpu_slots=1,
+        **node_resources(block_deployment("run")),
     params:
         identity=block_identity("run"),
         results_dir=results_root,

@@ -7,5 +7,10 @@ from servelab.workflow_io import log_to
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     states = [read_state(path) for path in snakemake.input.states]
-    write_capacity(states, snakemake.output.csv, CapacitySettings.from_config(snakemake.config))
+    write_capacity(
+        states,
+        snakemake.output.csv,
+        CapacitySettings.from_config(snakemake.config),
+        usd_per_node_hour=snakemake.params.usd_per_node_hour,
+    )
     draw_capacity(states, snakemake.output.figure)

@@ -1,5 +1,6 @@
 """Snakemake adapter: one restart of an engine's pod, with its event timeline."""
 
+from servelab.campaign.deploy import node_for
 from servelab.campaign.restart import restart_experiment
 from servelab.grid.identity import deployment_identity
 from servelab.workflow_io import log_to
@@ -11,4 +12,5 @@ with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
         rep=snakemake.wildcards.restart,
         manifest_path=snakemake.input.manifest,
         record_path=snakemake.output.record,
+        node=node_for(snakemake.config, snakemake.params.deployment["deployment_id"]),
     )

@@ -1,6 +1,7 @@
 """Snakemake adapter: one block (every repetition of one arm, engine and condition)."""
 
 from servelab.campaign.blocks import execute_block
+from servelab.campaign.deploy import node_for
 from servelab.grid.identity import operational_settings
 from servelab.workflow_io import log_to
 
@@ -16,4 +17,6 @@ with log_to(snakemake.log[0]):
         manifests=list(snakemake.input.manifests),
         resolved_path=snakemake.input.resolved,
         block_json_path=snakemake.output.block,
+        # the GPU node its deployment is pinned to (operational, as the settings above)
+        node=node_for(snakemake.config, snakemake.params.identity["deployment"]["deployment_id"]),
     )

@@ -1,5 +1,5 @@
-"""Snakemake adapter: results/run_metrics.csv (every run's named metrics, goodput) and its
-definitions beside it."""
+"""Snakemake adapter: results/run_metrics.csv (every run's named metrics, goodput, energy and cost
+per output token) and its definitions beside it."""
 
 from servelab.analysis.slo import write_run_metrics
 from servelab.grid.settings import RequestSlo
@@ -11,4 +11,5 @@ with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
         snakemake.output.csv,
         slo=RequestSlo.from_config(snakemake.params.slo),
         exclude_first_graph=bool(snakemake.params.exclude_first_graph),
+        usd_per_node_hour=snakemake.params.usd_per_node_hour,
     )

@@ -10,6 +10,10 @@ and computed from requests.parquet alone:
   is the same). Seed 002's advice holds: give an E2E limit where short responses matter.
 - goodput = requests/s, over the window W of X, of the non-warm-up requests that completed and
   meet the SLO; goodput <= X, equal when every request meets it.
+
+Each row also carries the run's energy and cost per output token (servelab.analysis.energy: the
+GPU's energy counter from telemetry.parquet, the node's price from config `analysis.cost`), empty
+where a run has no GPU energy series or the campaign's GPU no price.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from servelab.analysis import stats
+from servelab.analysis.energy import COST_DEFINITIONS, read_telemetry, run_cost
 from servelab.analysis.reduce import (
     RequestMetrics,
     latency_sample,
@@ -69,6 +74,7 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "throughput": "X: completed non-warm-up requests / W, W from the first send to the last chunk",
     "goodput": "completed non-warm-up requests meeting every per-request SLO limit / W",
     "slo_attainment": "goodput / X: the share of completed requests that meet the SLO",
+    **COST_DEFINITIONS,
 }
 PERCENTILES = (50, 95, 99)
 LATENCY_METRICS = ("ttft", "tpot", "itl_token", "itl_chunk", "e2e", "normalised")
@@ -146,10 +152,13 @@ def write_run_metrics(
     *,
     slo: RequestSlo,
     exclude_first_graph: bool = True,
+    usd_per_node_hour: float | None = None,
 ) -> Path:
     """results/run_metrics.csv: one row per measured run (sorted by run id) with every named
-    metric, and `<out>.json` beside it: the definitions and the SLO the numbers were computed
-    with. Runs whose run.json status is not ok are left out."""
+    metric, and `<out>.json` beside it: the definitions, the SLO and the node price
+    (`usd_per_node_hour`, None: none, the dollar column is empty) the numbers were computed
+    with. Runs whose run.json status is not ok are left out. A run folder without
+    telemetry.parquet has no energy figure."""
     rows: list[dict[str, object]] = []
     for raw in run_dirs:
         run_dir = Path(raw)
@@ -167,6 +176,7 @@ def write_run_metrics(
                 "rep": record["rep"],
                 "offered_load_rps": float(record["offered_load_rps"]),
                 **run_metrics_row(req, slo, exclude_first_graph=exclude_first_graph),
+                **run_cost(record, req, read_telemetry(run_dir)).as_row(usd_per_node_hour),
             }
         )
     if not rows:
@@ -176,10 +186,11 @@ def write_run_metrics(
     lines = [",".join(header)] + [",".join(csv_cell(r[h]) for h in header) for r in rows]
     write_text(out_csv, "\n".join(lines) + "\n")
     sidecar = {
-        "format": "servelab-run-metrics/1",
+        "format": "servelab-run-metrics/2",
         "definitions": METRIC_DEFINITIONS,
         "percentiles": list(PERCENTILES),
         "slo": asdict(slo),
+        "cost": {"node_usd_per_hour": usd_per_node_hour},
         "one_token_tpot": (
             "a response of fewer than two tokens has no TPOT; the TPOT limit does not apply to it"
         ),

@@ -41,6 +41,11 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike[str]
+# The DCGM series the GPU's canonical names come from (servelab.telemetry.canonical.GPU_METRIC_MAP).
+GPU_SOURCE_NAMES = {
+    "gpu_energy_mj": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "gpu_power_w": "DCGM_FI_DEV_POWER_USAGE",
+}
 SOURCE_NAMES = {
     "vllm": {
         "kv_cache_usage": "vllm:gpu_cache_usage_perc",
@@ -96,7 +101,7 @@ def telemetry_table(
     samples: Sequence[tuple[float, str, float]], run_id: str, engine: str
 ) -> pa.Table:
     """A TELEMETRY_SCHEMA table from (t_s, canonical metric, value) samples."""
-    names = SOURCE_NAMES.get(engine, {})
+    names = {**GPU_SOURCE_NAMES, **SOURCE_NAMES.get(engine, {})}
     return pa.table(
         {
             "run_id": [run_id] * len(samples),
@@ -215,13 +220,16 @@ def write_simple_run(
     *,
     end_s: float = 1000.0,
     kv_peak: float | None = None,
+    gpu_energy_mj: Sequence[tuple[float, float]] = (),
 ) -> Path:
     """A run with exactly known metrics, for hand-computed tests.
 
     Graph 0 is one planner sent at 0 s whose last chunk arrives at `end_s` (so W = end_s and
     X = (len(ttft_s) + 1) / end_s when every other chunk is earlier); request k (graph k + 1,
     roles cycling planner/worker/aggregator) is sent at k + 1 s and has TTFT `ttft_s[k]` and two
-    one-token chunks 0.1 s apart (TPOT 0.1 s). Two warm-up requests precede the trace.
+    one-token chunks 0.1 s apart (TPOT 0.1 s). Two warm-up requests precede the trace: every
+    request is ok, 2 × len(ttft_s) + 6 output tokens in all, in run.json's 600 s window.
+    `gpu_energy_mj`: (t_s, value) samples of the GPU's energy counter in telemetry.parquet.
     """
     roles = ("planner", "worker", "aggregator")
     rows: list[dict[str, Any]] = [
@@ -245,13 +253,11 @@ def write_simple_run(
                 "chunk_times_s": [sent + ttft, sent + ttft + 0.1],
             }
         )
-    telemetry = None
+    samples: list[tuple[float, str, float]] = []
     if kv_peak is not None:
-        telemetry = telemetry_table(
-            [(0.0, "kv_cache_usage", kv_peak / 2), (5.0, "kv_cache_usage", kv_peak)],
-            spec.run_id,
-            spec.engine,
-        )
+        samples += [(0.0, "kv_cache_usage", kv_peak / 2), (5.0, "kv_cache_usage", kv_peak)]
+    samples += [(t, "gpu_energy_mj", v) for t, v in gpu_energy_mj]
+    telemetry = telemetry_table(samples, spec.run_id, spec.engine) if samples else None
     return write_run(run_dir, spec, requests_table(rows, spec.run_id), telemetry)
 
 

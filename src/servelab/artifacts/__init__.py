@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 __all__ = [
     "ATTEMPTS_DIR",
+    "GPU_TELEMETRY_METRICS",
     "MEASURED_DIR",
     "MEASUREMENT_KEY_FILE",
     "REQUESTS_SCHEMA",
@@ -125,6 +126,10 @@ TELEMETRY_METRICS = (
     # Prompt tokens served from the prefix cache (a counter; llama.cpp's only, so far).
     "prompt_tokens_cached_total",
 )
+# The engine GPU's series in telemetry.parquet, beside the engine's own: its energy counter (mJ,
+# since the driver was loaded) and its power (W), from DCGM; only the kubernetes backend has them
+# (servelab.telemetry.canonical.GPU_METRIC_MAP), and only when they cover the run's window.
+GPU_TELEMETRY_METRICS = ("gpu_energy_mj", "gpu_power_w")
 REQUEST_STATUSES = ("ok", "error", "timeout")
 RUN_STATUSES = ("ok", "failed", "interrupted")
 

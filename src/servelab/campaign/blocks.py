@@ -45,7 +45,7 @@ from servelab.artifacts import (
 )
 from servelab.artifacts.runrecord import build_run_record
 from servelab.campaign.deploy import backend_deployment, gate
-from servelab.deploy import Backend, RunRequest, get_backend
+from servelab.deploy import Backend, NodeSlot, RunRequest, get_backend
 from servelab.grid.identity import (
     deployment_identity,
     measurement_key,
@@ -125,8 +125,10 @@ def execute_block(
     manifests: Sequence[str],
     resolved_path: str,
     block_json_path: str,
+    node: NodeSlot | None = None,
 ) -> dict[str, Any]:
-    """Measure every repetition of one (arm, engine, condition) block; returns the block record
+    """Measure every repetition of one (arm, engine, condition) block on GPU node slot `node`
+    (servelab.campaign.deploy.node_for; default: the one node); returns the block record
     (written to `block_json_path`, beside the repetitions).
 
     `identity` is what the run rule's params carry: `deployment` (servelab.grid.identity's
@@ -155,6 +157,7 @@ def execute_block(
         model=settings["model"],
         kubernetes=settings["kubernetes"],
         sim=settings["sim"],
+        node=node,
     )
     resolved = read_json(resolved_path, ("chunked_prefill", "chunk_size", "deployment_id"))
     deployment = backend_deployment(deployment_id)
@@ -203,6 +206,7 @@ def execute_run(
     trace_path: str,
     manifest_path: str,
     resolved_path: str,
+    node: NodeSlot | None = None,
 ) -> dict[str, Any]:
     """One repetition as a block of its own (tests and scripts outside Snakemake): `settings` is
     the whole config-like mapping (backend, gpu, model, arm, engine, condition, rep,
@@ -226,6 +230,7 @@ def execute_run(
         manifests=[manifest_path],
         resolved_path=resolved_path,
         block_json_path=str(block.block_json),
+        node=node,
     )
     return read_run_json(block.run(settings["rep"]).run_dir / "run.json") | {"block": record}
 

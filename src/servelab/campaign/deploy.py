@@ -20,11 +20,20 @@ from servelab.artifacts import (
     write_json,
     write_text,
 )
-from servelab.deploy import Backend, Deployed, get_backend
+from servelab.deploy import Backend, Deployed, NodeSlot, get_backend
 from servelab.deploy.manifests import render_deployment
 from servelab.engines import check_resolved, parse_startup_log
+from servelab.grid.config import gpu_nodes, node_slot
 
-__all__ = ["backend_deployment", "confirm", "deploy", "gate", "render_manifests"]
+__all__ = [
+    "backend_deployment",
+    "backend_for",
+    "confirm",
+    "deploy",
+    "gate",
+    "node_for",
+    "render_manifests",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +73,23 @@ def backend_deployment(identity: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in identity.items() if k not in ("backend", "gpu", "model")}
 
 
-def backend_for(identity: Mapping[str, Any], kubernetes: Mapping[str, Any]) -> Backend:
-    """The backend a deployment's identity names, from the registry, for its GPU and model."""
+def node_for(config: Mapping[str, Any], deployment_id: str) -> NodeSlot:
+    """The GPU node slot a deployment is pinned to (servelab.grid.config.node_slot), of
+    `campaign.gpu_nodes`: read from the workflow's config when a job runs (operational)."""
+    return NodeSlot(node_slot(config, deployment_id), gpu_nodes(config))
+
+
+def backend_for(
+    identity: Mapping[str, Any], kubernetes: Mapping[str, Any], node: NodeSlot | None = None
+) -> Backend:
+    """The backend a deployment's identity names, from the registry, for its GPU and model, on
+    GPU node slot `node` (default: the one node)."""
     return get_backend(
         str(identity["backend"]),
         gpu=dict(identity["gpu"]),
         model=dict(identity["model"]),
         kubernetes=kubernetes,
+        node=node,
     )
 
 
@@ -109,8 +128,10 @@ def deploy(
     manifest_path: str,
     startup_log_path: str,
     resolved_path: str,
+    node: NodeSlot | None = None,
 ) -> dict[str, Any]:
-    """Bring the engine up, gate its start-up log and refuse a configuration the arm does not expect.
+    """Bring the engine up on GPU node slot `node`, gate its start-up log and refuse a
+    configuration the arm does not expect.
 
     `identity` is the deployment's identity whole (servelab.grid.identity.deployment_identity:
     the deployment, its backend, GPU and model); `kubernetes` the operational kubernetes settings.
@@ -119,7 +140,7 @@ def deploy(
     """
     backend = str(identity["backend"])
     deployment = backend_deployment(identity)
-    deployed = backend_for(identity, kubernetes).deploy(
+    deployed = backend_for(identity, kubernetes, node).deploy(
         deployment, manifest_path=manifest_path, startup_log_path=startup_log_path
     )
     if backend != "sim":

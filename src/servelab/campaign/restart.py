@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servelab.campaign.deploy import backend_deployment, backend_for
+from servelab.deploy import NodeSlot
 
 __all__ = ["restart_experiment"]
 
@@ -20,6 +21,7 @@ def restart_experiment(
     rep: str,
     manifest_path: str,
     record_path: str,
+    node: NodeSlot | None = None,
 ) -> dict[str, Any]:
     """Restart the engine's pod once and record the event timeline (study §7.5, Fig. 14).
 
@@ -31,7 +33,7 @@ def restart_experiment(
             f"the restart experiment restarts real pods: backend {backend!r} has none "
             "(run it with --config backend=kubernetes)"
         )
-    impl = backend_for(identity, kubernetes)
+    impl = backend_for(identity, kubernetes, node)
     deployment = backend_deployment(identity)
     # Only a backend with real pods restarts them (servelab.deploy.kubernetes.KubernetesBackend).
     record: dict[str, Any] = impl.restart_timeline(  # type: ignore[attr-defined]

@@ -27,12 +27,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
 from servelab.grid.config import Condition, deployment_for, deployment_record
 from servelab.grid.identity import deployment_identity, run_identity
 from servelab.grid.settings import CapacitySettings, RequestSlo, Shape
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from servelab.analysis.energy import RunCost
 
 __all__ = [
     "Search",
@@ -130,19 +135,51 @@ def bracket_of(state: Mapping[str, Any]) -> tuple[float | None, float | None]:
     return best, (min(failing) if failing else None)
 
 
+def probe_telemetry(
+    run_dir: str | Path, record: Mapping[str, Any], step_s: float | None
+) -> pa.Table | None:
+    """A probe repetition's canonical telemetry: its telemetry.parquet, else its scrape.parquet
+    mapped as the telemetry rule maps a campaign run's (`step_s`: the sampling step), else None.
+    Only the energy per token is read from it: a window it does not cover leaves that figure
+    null and the probe's verdict as it is."""
+    from servelab.analysis.energy import read_telemetry
+    from servelab.artifacts import SCRAPE_SCHEMA
+    from servelab.telemetry.canonical import TelemetryWindowError, canonicalize
+
+    telemetry = read_telemetry(run_dir)
+    scrape_path = Path(run_dir) / "scrape.parquet"
+    if telemetry is not None or step_s is None or not scrape_path.is_file():
+        return telemetry
+    try:
+        return canonicalize(
+            read_parquet(scrape_path, SCRAPE_SCHEMA),
+            engine=str(record["engine"]),
+            run_id=str(record["run_id"]),
+            duration_s=float(record["end_unix_s"]) - float(record["start_unix_s"]),
+            step_s=step_s,
+            what=str(scrape_path),
+        )
+    except TelemetryWindowError:
+        return None
+
+
 def evaluate_probe(
     run_dirs: Sequence[str | Path],
     settings: CapacitySettings,
     *,
     duration_s: float,
     exclude_first_graph: bool = True,
+    step_s: float | None = None,
 ) -> dict[str, Any]:
-    """Pass/fail of one probe from its repetitions' artifacts (module docstring).
+    """Pass/fail of one probe from its repetitions' artifacts (module docstring), with each
+    repetition's window, ok output tokens and GPU energy (`analysis.energy`; null without the
+    GPU's series), from which results/capacity.csv reports energy and cost per token.
 
     Keeping pace is judged against the trace's own offered load, its requests ÷ `duration_s`, not
     the nominal 6λ: a 600 s trace at 0.05 graphs/s holds about 30 graphs, and its realised count
     varies by tens of percent from seed to seed (docs/capacity.md)."""
     # the analysis (and scipy) only where a probe is judged, not when the Snakefile is parsed
+    from servelab.analysis.energy import run_cost
     from servelab.analysis.reduce import reduce_requests
     from servelab.analysis.slo import run_metrics_row
 
@@ -169,6 +206,11 @@ def evaluate_probe(
                 for k, limit in settings.limits.items()
             )
             row["passed"] = row["keeps_pace"] and row["within_limits"]
+            cost = run_cost(record, req, probe_telemetry(run_dir, record, step_s))
+            row["window_s"] = cost.window_s
+            row["output_tokens"] = int(cost.output_tokens)
+            energy = cost.gpu_energy_j
+            row["gpu_energy_j"] = energy if math.isfinite(energy) else None
         else:
             row["passed"] = False
         reps.append(row)
@@ -222,12 +264,64 @@ CSV_COLUMNS = (
     "probes",
     "load_hours",
     "stopped",
+    "j_per_output_token_low",
+    "usd_per_million_output_tokens_low",
+    "j_per_output_token_high",
+    "usd_per_million_output_tokens_high",
 )
 
 
-def capacity_csv(states: Sequence[Mapping[str, Any]], settings: CapacitySettings) -> str:
+def bracket_cost(state: Mapping[str, Any], rate: float | None) -> RunCost | None:
+    """The pooled window, ok output tokens and GPU energy of the probe at `rate` (a bracket end):
+    its repetitions that ran ok as one (`analysis.energy.RunCost.pooled`, ratios of sums), the
+    energy null unless every one of them has it. None: no such probe, or no repetition with the
+    figures (a state written before they were recorded)."""
+    from servelab.analysis.energy import RunCost
+
+    if rate is None:
+        return None
+    probes = [p for p in state["probes"] if not p.get("saturation") and float(p["rate"]) == rate]
+    reps = [r for p in probes for r in p.get("reps", []) if "output_tokens" in r]
+    if not reps:
+        return None
+    return RunCost.pooled(
+        RunCost(
+            window_s=float(r["window_s"]),
+            output_tokens=float(r["output_tokens"]),
+            gpu_energy_j=float("nan") if r["gpu_energy_j"] is None else float(r["gpu_energy_j"]),
+        )
+        for r in reps
+    )
+
+
+def _cost_cells(
+    state: Mapping[str, Any], rate: float | None, usd_per_hour: float | None, end: str
+) -> dict[str, str]:
+    cost = bracket_cost(state, rate)
+    if cost is None:
+        return {f"j_per_output_token_{end}": "", f"usd_per_million_output_tokens_{end}": ""}
+
+    def cell(value: float) -> str:
+        return f"{value:.6g}" if math.isfinite(value) else ""
+
+    return {
+        f"j_per_output_token_{end}": cell(cost.j_per_output_token),
+        f"usd_per_million_output_tokens_{end}": cell(
+            cost.usd_per_million_output_tokens(usd_per_hour)
+        ),
+    }
+
+
+def capacity_csv(
+    states: Sequence[Mapping[str, Any]],
+    settings: CapacitySettings,
+    *,
+    usd_per_node_hour: float | None = None,
+) -> str:
     """results/capacity.csv: one row per search (engine, arm, shape, criteria, the bracket
-    [highest pass, lowest fail] in agent graphs/s, probes used, load-hours spent)."""
+    [highest pass, lowest fail] in agent graphs/s, probes used, load-hours spent), and at each
+    end of the bracket the energy and cost per output token of its probe (`bracket_cost`; empty
+    without the GPU's energy series, or without `usd_per_node_hour`)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
     writer.writeheader()
@@ -257,6 +351,8 @@ def capacity_csv(states: Sequence[Mapping[str, Any]], settings: CapacitySettings
                 "probes": sum(1 for p in state["probes"] if not p.get("saturation")),
                 "load_hours": f"{seconds / 3600:.3f}",
                 "stopped": state["stopped"],
+                **_cost_cells(state, low, usd_per_node_hour, "low"),
+                **_cost_cells(state, high, usd_per_node_hour, "high"),
             }
         )
     return out.getvalue()
@@ -271,9 +367,13 @@ def read_state(path: str | Path) -> dict[str, Any]:
 
 
 def write_capacity(
-    states: Sequence[Mapping[str, Any]], out_csv: str | Path, settings: CapacitySettings
+    states: Sequence[Mapping[str, Any]],
+    out_csv: str | Path,
+    settings: CapacitySettings,
+    *,
+    usd_per_node_hour: float | None = None,
 ) -> None:
-    write_text(out_csv, capacity_csv(states, settings))
+    write_text(out_csv, capacity_csv(states, settings, usd_per_node_hour=usd_per_node_hour))
 
 
 def search_identity(config: Mapping[str, Any], search: Search) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from servelab.capacity.method import (
     saturation_bracket,
     write_state,
 )
+from servelab.deploy import NodeSlot
 from servelab.grid.config import offered_load, trace_seed
-from servelab.grid.identity import manifest_settings
+from servelab.grid.identity import deployment_identity, manifest_settings
 from servelab.grid.settings import CapacitySettings
 from servelab.workload.compiler import compile_trace_files
 
@@ -41,16 +42,21 @@ def deploy_search(config: Mapping[str, Any], search: Search, folder: str | Path)
         kubernetes=kubernetes,
         manifest_path=str(folder / "manifest.yaml"),
     )
-    # The deployment's identity whole (as servelab.grid.identity.deployment_identity makes it,
-    # without `local`: the search's deployment is started unpinned; its runs pin it).
-    identity = {"backend": config["backend"], "gpu": config["gpu"], "model": config["model"], **dep}
+    # The deployment's identity whole, with its cores when the local backend pins (`local`): the
+    # server starts as its probes run it, so the first probe does not start it again, pinned.
     return campaign_deploy.deploy(
-        identity=identity,
+        identity=deployment_identity(config, dep),
         kubernetes=config.get("kubernetes") or {},
         manifest_path=str(folder / "manifest.yaml"),
         startup_log_path=str(folder / "startup.log"),
         resolved_path=str(folder / "resolved.json"),
+        node=search_node(config, search),
     )
+
+
+def search_node(config: Mapping[str, Any], search: Search) -> NodeSlot:
+    """The GPU node slot of a search's deployment (results/deployments/capacity-{search})."""
+    return campaign_deploy.node_for(config, f"capacity-{search.id}")
 
 
 def measure_probe(
@@ -106,6 +112,7 @@ def measure_probe(
             trace_path=str(traces / "trace.parquet"),
             manifest_path=str(traces / "manifest.json"),
             resolved_path=str(resolved_path),
+            node=search_node(config, search),
         )
         run_dirs.append(root / "runs" / search.arm / search.engine / cid / rep)
     return run_dirs
@@ -178,7 +185,14 @@ def capacity_step(
         state["bracket"] = saturation_bracket(run_dirs, per_graph)
         probe["passed"] = None
     else:
-        probe.update(evaluate_probe(run_dirs, settings, duration_s=duration))
+        probe.update(
+            evaluate_probe(
+                run_dirs,
+                settings,
+                duration_s=duration,
+                step_s=float(config["telemetry"]["step_s"]),
+            )
+        )
     state["probes"].append(probe)
     write_state(state_path, state)
     return state

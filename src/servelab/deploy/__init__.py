@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from servelab.deploy.backend import Backend, Deployed, Gate, RunRequest
+from servelab.deploy.backend import Backend, Deployed, Gate, NodeSlot, RunRequest
 from servelab.grid.settings import KubernetesSettings
 
-__all__ = ["BACKENDS", "Backend", "Deployed", "Gate", "RunRequest", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "Deployed", "Gate", "NodeSlot", "RunRequest", "get_backend"]
 
 BACKENDS = ("sim", "local", "kubernetes")
 
@@ -28,19 +28,22 @@ def get_backend(
     model: Mapping[str, Any],
     kubernetes: Mapping[str, Any] | KubernetesSettings | None = None,
     sim: Mapping[str, Any] | None = None,
+    node: NodeSlot | None = None,
 ) -> Backend:
+    """The backend `name`, measuring on GPU node slot `node` (default: the one node)."""
+    node = node or NodeSlot()
     # Each backend's module only when it is chosen: the kubernetes client alone takes 0.3 s to
     # import, and servelab.deploy.manifests (this package) is read at every Snakefile parse.
     if name == "sim":
         from servelab.deploy.sim import SimBackend
 
-        return SimBackend(gpu=gpu, model=model, sim=sim)
+        return SimBackend(gpu=gpu, model=model, sim=sim, node=node)
     if name == "local":
         from servelab.deploy.local import LocalBackend
 
-        return LocalBackend(gpu=gpu, model=model)
+        return LocalBackend(gpu=gpu, model=model, node=node)
     if name == "kubernetes":
         from servelab.deploy.kubernetes import KubernetesBackend
 
-        return KubernetesBackend.from_settings(kubernetes)
+        return KubernetesBackend.from_settings(kubernetes, node=node)
     raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

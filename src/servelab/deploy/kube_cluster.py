@@ -6,9 +6,11 @@ It owns: client construction (`make_api_client`); the API verbs (create, replace
 call with a request timeout) and `apply` of rendered objects; the engine pods' lifecycle (the
 engine pod of a deployment, deleting pods, retiring other engines, teardown) and every wait on it
 (Ready, terminated, gone: each a loop bounded both in iterations and by a monotonic deadline, the
-clock and sleep injectable so tests run in milliseconds); the gated-pod annotation on a Deployment
-(which pod passed the gate: the gate itself is the campaign's); fetching pod logs (redacted of
-Hugging Face tokens) and events; the API server's clocks and errors.
+clock and sleep injectable so tests run in milliseconds; `wait_for` is that loop for any check);
+the gated-pod annotation on a Deployment (which pod passed the gate: the gate itself is the
+campaign's); reading, listing and labelling nodes (servelab.deploy.node decides which node a slot
+takes); fetching pod logs (redacted of Hugging Face tokens) and events; the API server's clocks and
+errors. Every API call servelab makes is in this module.
 
 The `kubernetes` client package is imported inside the functions that call it (its ApiException,
 its API classes): importing it takes about half a second, which the sim and local backends never
@@ -54,6 +56,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+# `patch_node` sends a dict body as a JSON merge patch only when told: the client's default
+# Content-Type for PATCH is application/json-patch+json (a list of operations).
+MERGE_PATCH = "application/merge-patch+json"
 
 ENGINE_SELECTOR = "app.kubernetes.io/part-of=servelab,app.kubernetes.io/component=engine"
 DEPLOYMENT_LABEL = "servelab.dev/deployment"
@@ -62,6 +67,8 @@ DEPLOYMENT_LABEL = "servelab.dev/deployment"
 # the start-up lines of a long-running pod may no longer be readable).
 GATED_ANNOTATION = "servelab.dev/gated-pod-uid"
 POD_MONITOR = ("monitoring.coreos.com", "v1", "podmonitors")
+# Replacing an object another job changed meanwhile (409 Conflict): read it again, this often.
+REPLACE_ATTEMPTS = 5
 # Container states that do not recover by waiting: fail at once rather than at the timeout.
 FATAL_WAITING = {"CreateContainerConfigError", "InvalidImageName", "CrashLoopBackOff"}
 # Environment variables that may hold a Hugging Face token in *our* process.
@@ -323,15 +330,24 @@ class KubeCluster:
                 ) from exc
         if replace is None:
             return f"{kind}/{name} kept", None
-        # It exists: replace it, keeping what the server allocated.
-        try:
-            current = self._json(read())
-            _, _, headers = replace(_prepare_replace(obj, current))
-            return f"{kind}/{name} replaced{suffix}", header_time(headers)
-        except ApiException as exc:
-            raise KubernetesBackendError(
-                f"{kind}/{name}: replace failed: {api_message(exc)}"
-            ) from exc
+        # It exists: replace it, keeping what the server allocated. An object several jobs apply
+        # (the DCGM PodMonitor, with several node slots) may change between the read and the
+        # replace: 409 Conflict, read again (optimistic concurrency).
+        conflict = ""
+        for _ in range(REPLACE_ATTEMPTS):
+            try:
+                current = self._json(read())
+                _, _, headers = replace(_prepare_replace(obj, current))
+                return f"{kind}/{name} replaced{suffix}", header_time(headers)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise KubernetesBackendError(
+                        f"{kind}/{name}: replace failed: {api_message(exc)}"
+                    ) from exc
+                conflict = api_message(exc)
+        raise KubernetesBackendError(
+            f"{kind}/{name}: replace failed {REPLACE_ATTEMPTS} times: {conflict}"
+        )
 
     def _verbs(
         self, kind: str, name: str, *, dry_run: bool = False
@@ -483,6 +499,59 @@ class KubeCluster:
         data = response.data if hasattr(response, "data") else response
         text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data)
         return redact(text)
+
+    def wait_for(
+        self,
+        check: Callable[[], _T | None],
+        *,
+        timeout_s: float | None = None,
+        describe: Callable[[], str],
+    ) -> _T:
+        """Poll `check` until it returns something (not None) and return it; DeployTimeout
+        after `timeout_s` (default kubernetes.timeouts.ready_s), with `describe()` saying what
+        was waited for."""
+        timeout = self.ready_timeout_s if timeout_s is None else float(timeout_s)
+        deadline = self._monotonic() + timeout
+        for _ in range(self._polls(timeout)):
+            found = check()
+            if found is not None:
+                return found
+            if self._monotonic() >= deadline:
+                break
+            self._sleep(self.poll_s)
+        raise DeployTimeout(f"{describe()} (after {timeout:.0f} s)")
+
+    def list_nodes(self, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The nodes (JSON) carrying every label of `selector`, by name."""
+        listed = self.core.list_node(
+            label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+            **self._kw(),
+        )
+        nodes = [self._json(n) for n in listed.items or []]
+        return sorted(nodes, key=lambda n: str(n["metadata"]["name"]))
+
+    def label_node(
+        self, name: str, key: str, value: str | None, resource_version: str | None
+    ) -> dict[str, Any] | None:
+        """Set the node's label `key` to `value` (None: remove it), a JSON merge patch under
+        the precondition of `resource_version` when given. Returns the node as patched, or None
+        when it changed since (409) or no longer exists (404)."""
+        from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
+
+        meta: dict[str, Any] = {"labels": {key: value}}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        try:
+            node = self.core.patch_node(
+                name, {"metadata": meta}, _content_type=MERGE_PATCH, **self._kw()
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return None
+            raise KubernetesBackendError(
+                f"Node/{name}: label {key} not set: {api_message(exc)}"
+            ) from exc
+        return self._json(node)
 
     def read_node(self, node_name: str | None) -> dict[str, Any] | None:
         """The node (JSON), or None when it is not named or no longer exists."""
@@ -645,12 +714,17 @@ class KubeCluster:
             )
         return names[0] if names else None
 
-    def retire_others(self, keep: str) -> list[str]:
-        """Tear down every other servelab engine Deployment in the namespace (one GPU)."""
+    def retire_others(
+        self, keep: str, *, spare: Callable[[Mapping[str, Any]], bool] | None = None
+    ) -> list[str]:
+        """Tear down every other servelab engine Deployment in the namespace (one engine per
+        GPU), but those `spare` says to leave (engines on other nodes)."""
         listed = self.apps.list_namespaced_deployment(
             self.namespace, label_selector=ENGINE_SELECTOR, **self._kw()
         )
-        others = sorted({self._json(d)["metadata"]["name"] for d in listed.items or []} - {keep})
+        engines = [self._json(d) for d in listed.items or []]
+        left = {d["metadata"]["name"] for d in engines if spare is not None and spare(d)}
+        others = sorted({d["metadata"]["name"] for d in engines} - {keep} - left)
         retired = []
         for other in others:
             retired.extend(self.teardown(other, wait=True))

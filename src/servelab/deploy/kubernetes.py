@@ -6,8 +6,12 @@ pod lifecycle, waits, logs) and the node identity of servelab.deploy.node.
 
 1. `deploy`: apply each rendered object, or replace it when it exists (the model-weight volume is
    created once and kept). Engine Deployments of *other* servelab deployments in the namespace are
-   torn down first: one engine on the GPU at a time. A pod the deployment already had is deleted,
-   so every deploy starts a fresh engine whose start-up log is complete. Once the engine pod is
+   torn down first: one engine on the GPU at a time. With several node slots (`node`, config
+   `campaign.gpu_nodes`) that is one engine per node: the backend measures on its slot's node,
+   labelled for it (servelab.deploy.node.pin_node), pins the objects to it as it applies them
+   (servelab.deploy.node.place: the rendered manifest does not depend on the slot), and retires
+   only the engines of its own slot (and any pinned to none). A pod the deployment already had
+   is deleted, so every deploy starts a fresh engine whose start-up log is complete. Once the engine pod is
    Ready (a bounded wait, failing fast on states that never recover), its start-up log is captured
    (any Hugging Face token value is redacted), written to startup.log and returned (`Deployed`)
    with the namespace, pod and node identity.
@@ -21,7 +25,8 @@ pod lifecycle, waits, logs) and the node identity of servelab.deploy.node.
    is applied again, and a pod not gated yet (one recreated after a reclamation) has its start-up
    log gated through the gate the campaign passed in (`RunRequest.gate`). Node identity is
    recorded at run start and end and watched during the run; a change names the reclamation.
-4. `teardown` deletes the Deployment, Service and PodMonitor (never the weight volume).
+4. `teardown` deletes the Deployment, Service and PodMonitor (never the weight volume, nor the
+   DCGM exporter's PodMonitor, which every deployment shares).
 """
 
 from __future__ import annotations
@@ -29,14 +34,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from servelab.artifacts import write_text
-from servelab.deploy.backend import Deployed, Gate, RunRequest
+from servelab.deploy.backend import Deployed, Gate, NodeSlot, RunRequest
 from servelab.deploy.kube_cluster import (
     KubeCluster,
     KubernetesBackendError,
@@ -44,7 +49,7 @@ from servelab.deploy.kube_cluster import (
 )
 from servelab.deploy.manifests import load_rendered, render_deployment
 from servelab.deploy.measure import LiveTarget, measure_live
-from servelab.deploy.node import node_change, observe, reclamation
+from servelab.deploy.node import node_change, observe, on_other_slot, pin_node, place, reclamation
 from servelab.deploy.restart import restart_timeline
 from servelab.dispatch import DispatchResult
 from servelab.grid.settings import KubernetesSettings
@@ -64,7 +69,8 @@ class KubernetesBackend:
 
     `api_client` is a `kubernetes.client.ApiClient`; `settings` is the config's `kubernetes:`
     section, typed or as a mapping (partial is fine: the KubernetesSettings defaults fill the
-    rest). Build one with `from_settings`.
+    rest); `node` the node slot this backend measures on (default: the one node of a one-node
+    campaign, nothing labelled or pinned). Build one with `from_settings`.
     """
 
     name = "kubernetes"
@@ -74,12 +80,14 @@ class KubernetesBackend:
         api_client: Any,
         settings: Mapping[str, Any] | KubernetesSettings | None = None,
         *,
+        node: NodeSlot | None = None,
         sleep: Callable[[float], None] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cluster = KubeCluster(api_client, settings, sleep=sleep, monotonic=monotonic)
         self.settings = self.cluster.settings
         self.namespace = self.cluster.namespace
+        self.node = node or NodeSlot()
 
     # ------------------------------------------------------------------ construction
 
@@ -88,7 +96,8 @@ class KubernetesBackend:
         cls, settings: Mapping[str, Any] | KubernetesSettings | None = None, **kwargs: Any
     ) -> KubernetesBackend:
         """Connect as the settings say: `kubeconfig`/`context` when given; else in-cluster when
-        running in a pod; else $KUBECONFIG or ~/.kube/config."""
+        running in a pod; else $KUBECONFIG or ~/.kube/config. `kwargs`: `node` (the node slot),
+        `sleep`, `monotonic`."""
         s = KubernetesSettings.from_section(settings)
         return cls(make_api_client(s.kubeconfig, s.context), s, **kwargs)
 
@@ -101,6 +110,29 @@ class KubernetesBackend:
         """Where the dispatcher reaches the engine (kubernetes.engine_url, a format string with
         {service}, {namespace} and {port}: in-cluster DNS by default, or a port-forward)."""
         return self.settings.engine_url_for(deployment_id, port)
+
+    # ------------------------------------------------------------------ the node slot
+
+    def _retire_others(self, deployment_id: str) -> list[str]:
+        """Tear down the other engines on this slot's node (with one slot: every other engine),
+        logging each."""
+        slot = self.node
+        spare = None if slot.count == 1 else (lambda d: on_other_slot(d, slot))
+        retired = self.cluster.retire_others(deployment_id, spare=spare)
+        for line in retired:
+            log.warning("one engine at a time: retired %s before deploying %s", line, deployment_id)
+        return retired
+
+    def pin(self) -> str | None:
+        """The node this backend's slot measures on, labelled for it (servelab.deploy.node
+        .pin_node; waits for a replacement after a reclamation). None with one slot: the engine
+        goes wherever kubernetes.node_selector lets the scheduler put it."""
+        return None if self.node.count == 1 else pin_node(self.cluster, self.node)
+
+    def place(self, objects: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The rendered objects pinned to this slot's node as they are applied
+        (servelab.deploy.node.place; unchanged with one slot)."""
+        return place(objects, self.node, self.settings.model_volume.claim_name)
 
     # ------------------------------------------------------------------ deploy
 
@@ -127,11 +159,10 @@ class KubernetesBackend:
             raise KubernetesBackendError(
                 f"{manifest_path}: expected the Deployment {deployment_id}, found {sorted(names)}"
             )
-        retired = cluster.retire_others(deployment_id)
-        for line in retired:
-            log.warning("one engine at a time: retired %s before deploying %s", line, deployment_id)
+        self._retire_others(deployment_id)
+        pinned = self.pin()
         running_before = [p["metadata"]["name"] for p in cluster.engine_pods(deployment_id)]
-        for line in (cluster.apply_object(o)[0] for o in objects):
+        for line in (cluster.apply_object(o)[0] for o in self.place(objects)):
             log.info("%s", line)
         # A deploy always starts a fresh engine: a clean cache, and a start-up log that is whole
         # (kubelet rotates the logs of a long-running pod, and the gate needs their first lines).
@@ -142,11 +173,17 @@ class KubernetesBackend:
         pod_name, pod_uid = pod["metadata"]["name"], pod["metadata"].get("uid")
         text = self._startup_log(pod, engine)
         write_text(startup_log_path, text)
-        facts = {
+        facts: dict[str, Any] = {
             "namespace": self.namespace,
             "pod": {"name": pod_name, "uid": pod_uid},
             "node": observe(cluster, deployment_id, pod=pod),
         }
+        if pinned is not None:
+            facts["node_slot"] = {
+                "index": self.node.index,
+                "count": self.node.count,
+                "node": pinned,
+            }
         evidence = Path(startup_log_path).with_name(REFUSED_LOG)
 
         def on_gate(refusal: BaseException | None) -> None:
@@ -193,10 +230,13 @@ class KubernetesBackend:
         as gated (a pod already gated, per the Deployment's servelab.dev/gated-pod-uid
         annotation, is not read again). A refusal raises, the pod left running for inspection.
         When the Deployment is missing (retired by another deployment), it is rendered from
-        `deployment` (deployment_id, engine, image, port, flags) and applied again.
+        `deployment` (deployment_id, engine, image, port, flags) and applied again. With several
+        node slots the slot's node is labelled first (a replacement node after a reclamation
+        carries no label: the pod recreated on the slot waits for it).
         """
         cluster = self.cluster
         deployment_id, engine = str(deployment["deployment_id"]), str(deployment["engine"])
+        self.pin()
         if cluster.read_deployment(deployment_id) is None:
             log.warning("deployment %s is not in the cluster: deploying it again", deployment_id)
             rendered = render_deployment(
@@ -208,10 +248,9 @@ class KubernetesBackend:
                 namespace=self.namespace,
                 k8s_settings=self.settings.as_dict(),
             )
-            for line in cluster.retire_others(deployment_id):
-                log.warning("one engine at a time: retired %s", line)
-            for text in rendered.values():
-                cluster.apply_object(yaml.safe_load(text))
+            self._retire_others(deployment_id)
+            for obj in self.place([yaml.safe_load(text) for text in rendered.values()]):
+                cluster.apply_object(obj)
         pod = cluster.wait_ready(deployment_id, container=engine, timeout_s=timeout_s)
         pod_name, pod_uid = pod["metadata"]["name"], str(pod["metadata"]["uid"])
         if cluster.gated_pod(deployment_id) != pod_uid:
@@ -264,13 +303,29 @@ class KubernetesBackend:
 
         See servelab.deploy.restart for the record format (docs/kubernetes.md).
         """
-        return restart_timeline(self.cluster, deployment_id, manifest_path, out_json, rep=rep)
+        return restart_timeline(
+            self.cluster, deployment_id, manifest_path, out_json, rep=rep, place=self.place
+        )
 
     # ------------------------------------------------------------------ runs
 
     def metrics_selector(self, deployment_id: str) -> dict[str, str]:
         """Prometheus label matchers of the deployment's series (kubernetes.metrics_selector)."""
         return self.settings.metrics_selector_for(deployment_id)
+
+    def gpu_metrics_selector(self, deployment_id: str, pod: Mapping[str, Any]) -> dict[str, str]:
+        """Prometheus label matchers of the engine GPU's DCGM series (kubernetes.
+        gpu_metrics_selector, for the engine pod and its node); empty when none are configured or
+        the pod names no node (the run's energy figures are then null)."""
+        if not self.settings.gpu_metrics_selector:
+            return {}
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if not node:
+            log.warning("deployment %s: the engine pod names no node: no GPU series", deployment_id)
+            return {}
+        return self.settings.gpu_metrics_selector_for(
+            deployment_id, node=node, pod=str(pod["metadata"]["name"])
+        )
 
     def run(self, request: RunRequest) -> dict[str, Any]:
         """One measured run against the deployed engine (the servelab.deploy.Backend protocol).
@@ -280,8 +335,9 @@ class KubernetesBackend:
         dispatcher (servelab.dispatch.run.dispatch_run) reads node identity before the first
         request and after the last; when they differ the run is `interrupted` with a
         `reclaimed_reason`, which makes the campaign discard and repeat the condition. Then the
-        run's Prometheus window (telemetry.prometheus_url) is pulled into scrape.parquet and
-        run.json is written last. During the run node identity is read every
+        run's Prometheus window (telemetry.prometheus_url) is pulled into scrape.parquet, with the
+        engine GPU's DCGM energy and power series (`gpu_metrics_selector`), and run.json is
+        written last. During the run node identity is read every
         `kubernetes.node_watch_s` seconds (default 15) and a change stops the run at once, so a
         reclaimed node does not keep it going (in-flight requests recorded as interrupted).
         """
@@ -296,6 +352,7 @@ class KubernetesBackend:
         pod = self.ensure_deployed(deployment, gate=request.gate)
         base_url = self.engine_url(deployment_id, int(deployment["port"]))
         prometheus_url = request.telemetry.prometheus_url
+        gpu_selector = self.gpu_metrics_selector(deployment_id, pod)
 
         def reclaimed(record: Mapping[str, Any], result: DispatchResult) -> str | None:
             return reclamation(record.get("node") or {})
@@ -317,9 +374,11 @@ class KubernetesBackend:
                         "pod": pod["metadata"]["name"],
                         "engine_url": base_url,
                         "prometheus_url": prometheus_url,
+                        "gpu_metrics_selector": gpu_selector,
                     }
                 },
                 node_watch_s=self.settings.node_watch_s,
                 node_change=node_change,
+                gpu_selector=gpu_selector,
             ),
         )

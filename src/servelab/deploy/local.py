@@ -49,7 +49,7 @@ import httpx
 
 from servelab.artifacts import read_trace_manifest, write_json, write_text
 from servelab.deploy import sglang_cpu, vllm_cpu
-from servelab.deploy.backend import Deployed, RunRequest
+from servelab.deploy.backend import Deployed, NodeSlot, RunRequest
 from servelab.deploy.llama_server import file_sha256, llama_server_binary, server_command
 from servelab.deploy.local_prometheus import (
     SCRAPE_INTERVAL_S,
@@ -63,8 +63,10 @@ from servelab.deploy.machine_load import LoadWatch, descendants
 from servelab.deploy.measure import LiveTarget, measure_live
 from servelab.deploy.processes import (
     HOST,
+    START_LOCK,
     LocalError,
     alive,
+    exclusive,
     free_port,
     group_members,
     port_free,
@@ -185,9 +187,13 @@ class LocalBackend:
         model: Mapping[str, Any],
         server_start_timeout_s: float = SERVER_START_TIMEOUT_S,
         progress_interval_s: float = LiveTarget.progress_interval_s,
+        node: NodeSlot | None = None,
     ) -> None:
         self.gpu = dict(gpu)
         self.model = dict(model)
+        # The GPU node this backend measures on (config campaign.gpu_nodes): one server per node
+        # slot runs at a time, on its own port, beside the other slots' servers.
+        self.node = node or NodeSlot()
         self.server_start_timeout_s = server_start_timeout_s
         self.progress_interval_s = progress_interval_s
         self.hostname = socket.gethostname()
@@ -312,8 +318,36 @@ class LocalBackend:
         new_node: bool = False,
         port: int | None = None,
     ) -> dict[str, Any]:
-        """(Re)start the deployment's server and wait until it answers; returns its state."""
+        """(Re)start the deployment's server and wait until it answers; returns its state. One job
+        at a time picks a port and starts listening on it (`START_LOCK`, beside the deployments),
+        so the servers of several GPU nodes never share one."""
         deployment_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive(deployment_dir.parent.resolve() / START_LOCK):
+            state = self._start_server(
+                deployment, deployment_dir, startup_log, tokenizer, stream_interval, new_node, port
+            )
+        if state["real_server"]:
+            self._copy_startup_log(state, deployment)
+        write_target(deployment_dir.parent, state["deployment_id"], state["engine"], state["port"])
+        log.info(
+            "deployment %s: server up at %s (pid %d, node %s)",
+            state["deployment_id"],
+            state["base_url"],
+            state["pid"],
+            state["node_id"],
+        )
+        return state
+
+    def _start_server(
+        self,
+        deployment: Mapping[str, Any],
+        deployment_dir: Path,
+        startup_log: Path | None,
+        tokenizer: str,
+        stream_interval: int,
+        new_node: bool,
+        port: int | None,
+    ) -> dict[str, Any]:
         previous = read_state(deployment_dir / "local.json") or {}
         stop_deployment(deployment_dir, kill=True)
         if port is None:
@@ -327,7 +361,8 @@ class LocalBackend:
             "host": HOST,
             "port": int(port),
             "base_url": f"http://{HOST}:{port}",
-            "node_id": node_id or f"local-node-{uuid.uuid4().hex[:12]}",
+            "node_id": node_id or self._new_node_id(),
+            "node_slot": self.node.name,
             "instance_id": uuid.uuid4().hex,
             "tokenizer": tokenizer,
             "stream_interval": int(stream_interval),
@@ -355,17 +390,12 @@ class LocalBackend:
         state["command"] = vllm_cpu.describe(cmd, env) if env else shlex.join(cmd)
         write_json(deployment_dir / "local.json", state)
         self._wait_server(state)
-        if state["real_server"]:
-            self._copy_startup_log(state, deployment)
-        write_target(deployment_dir.parent, state["deployment_id"], state["engine"], state["port"])
-        log.info(
-            "deployment %s: server up at %s (pid %d, node %s)",
-            state["deployment_id"],
-            state["base_url"],
-            state["pid"],
-            state["node_id"],
-        )
         return state
+
+    def _new_node_id(self) -> str:
+        """A fresh node id: `local-node-…` on one node, `local-node{K}-…` on slot K of several."""
+        node = self.node.name if self.node.count > 1 else "node"
+        return f"local-{node}-{uuid.uuid4().hex[:12]}"
 
     def _wait_server(self, state: Mapping[str, Any]) -> None:
         deadline = time.monotonic() + self.server_start_timeout_s
@@ -511,9 +541,10 @@ class LocalBackend:
         pinning = _local_settings(deployment)
         prometheus_url = ensure_prometheus(deployments_root, cpus=pinning.client_cpus)
 
-        # one engine at a time: the other deployments' servers stop while this one measures
+        # one engine at a time on a node: the node's other deployments' servers stop while this
+        # one measures (other nodes' servers measure beside it)
         for other in sorted(deployments_root.glob("*/local.json")):
-            if other.parent != deployment_dir:
+            if other.parent != deployment_dir and self._on_this_node(read_state(other)):
                 stop_deployment(other.parent)
         state = read_state(deployment_dir / "local.json")
         if (
@@ -524,6 +555,7 @@ class LocalBackend:
             != stream_interval
             or list(state.get("flags", [])) != list(deployment["flags"])
             or list(state.get("cpus", [])) != list(pinning.engine_cpus)
+            or not self._on_this_node(state)
         ):
             log.info(
                 "run %s: (re)starting the server of deployment %s",
@@ -590,6 +622,10 @@ class LocalBackend:
                     machine_load=watch,
                 ),
             )
+
+    def _on_this_node(self, state: Mapping[str, Any] | None) -> bool:
+        """A server's state says it runs on this backend's node slot (before slots: the one)."""
+        return bool(state) and (state or {}).get("node_slot", "node0") == self.node.name
 
     @staticmethod
     def _engine_watch(state: Mapping[str, Any]) -> list[TimedAction]:

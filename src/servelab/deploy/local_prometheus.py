@@ -25,8 +25,10 @@ import httpx
 from servelab.artifacts import write_json, write_text
 from servelab.deploy.processes import (
     HOST,
+    START_LOCK,
     LocalError,
     alive,
+    exclusive,
     free_port,
     read_state,
     spawn,
@@ -76,8 +78,14 @@ def _prometheus_config(targets_dir: Path) -> str:
 
 def ensure_prometheus(deployments_root: str | os.PathLike[str], cpus: Sequence[int] = ()) -> str:
     """Start (or find running) the results folder's Prometheus, on `cpus` when named (the
-    client's cores: servelab.deploy.machine_load); return its base URL."""
-    root = Path(deployments_root).resolve() / PROMETHEUS_DIR
+    client's cores: servelab.deploy.machine_load); return its base URL. Jobs of several GPU nodes
+    share it: one at a time finds or starts it (`START_LOCK`)."""
+    with exclusive(Path(deployments_root).resolve() / START_LOCK):
+        return _ensure_prometheus(Path(deployments_root), cpus)
+
+
+def _ensure_prometheus(deployments_root: Path, cpus: Sequence[int]) -> str:
+    root = deployments_root.resolve() / PROMETHEUS_DIR
     state_path = root / "prometheus.json"
     config_path = root / "prometheus.yml"
     state = read_state(state_path)

@@ -1,6 +1,6 @@
 """Render the Kubernetes objects of one engine deployment from the package's jinja2 templates.
 
-One deployment (arm, engine, flags) becomes four objects, one YAML file each:
+One deployment (arm, engine, flags) becomes five objects, one YAML file each:
 
 - `persistentvolumeclaim.yaml`: the model-weight volume (60 Gi by default), mounted as the Hugging
   Face cache and shared by every deployment of the campaign (created once, never replaced);
@@ -10,7 +10,11 @@ One deployment (arm, engine, flags) becomes four objects, one YAML file each:
   probe on `/health` (60 s initial delay, 10 s period), Prometheus scrape annotations, and for
   SGLang a memory-backed `/dev/shm`;
 - `service.yaml`: a ClusterIP Service in front of it (the dispatcher's target);
-- `podmonitor.yaml`: a PodMonitor so kube-prometheus-stack scrapes `/metrics` every 5 s.
+- `podmonitor.yaml`: a PodMonitor so kube-prometheus-stack scrapes `/metrics` every 5 s;
+- `podmonitor-dcgm.yaml`: a PodMonitor for the GPU's DCGM exporter (GKE's managed one by default,
+  `kubernetes.dcgm_exporter`), labelling each series with the node its exporter runs on, so a run's
+  GPU energy and power series can be selected (left out with `dcgm_exporter.enabled: false`). One
+  object, `servelab-dcgm-exporter`, shared by every deployment (like the volume).
 
 Rendering is pure: the same inputs give byte-identical text, and nothing is read from the
 environment (in particular no secret value: the token is referenced by Secret name and key only).
@@ -44,6 +48,7 @@ from servelab.engines.registry import EngineView, engine_names, product_of
 from servelab.grid.settings import KubernetesSettings, SettingsError
 
 __all__ = [
+    "DCGM_MONITOR_NAME",
     "DEFAULTS",
     "ENGINE_COMMANDS",
     "MANIFEST_FILES",
@@ -67,7 +72,10 @@ MANIFEST_FILES = {
     "service.yaml": "service.yaml.j2",
     "deployment.yaml": "deployment.yaml.j2",
     "podmonitor.yaml": "podmonitor.yaml.j2",
+    "podmonitor-dcgm.yaml": "podmonitor-dcgm.yaml.j2",
 }
+# The DCGM exporter's PodMonitor: one per namespace, whichever deployment applied it last.
+DCGM_MONITOR_NAME = "servelab-dcgm-exporter"
 
 # How each published image starts its OpenAI-compatible server (the engine registry's
 # `EngineSpec.entrypoint`). The flags of the deployment follow `--host=0.0.0.0 --port=<port>`.
@@ -281,7 +289,8 @@ def render_deployment(
     k8s_settings: Mapping[str, Any],
     templates: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
-    """Render one deployment's objects; returns {file name: YAML text} in MANIFEST_FILES order.
+    """Render one deployment's objects; returns {file name: YAML text} in MANIFEST_FILES order
+    (without `podmonitor-dcgm.yaml` when `kubernetes.dcgm_exporter.enabled` is false).
 
     `templates`: the folder to render from (default: the package's, `templates_dir()`).
 
@@ -309,12 +318,20 @@ def render_deployment(
         },
         "volume_labels": labels_for(deployment_id=None, engine=None, image=None, settings=s),
         "monitor_labels": {**engine_labels, **s["pod_monitor"]["labels"]},
+        "dcgm_name": DCGM_MONITOR_NAME,
+        "dcgm_monitor_labels": {
+            **labels_for(deployment_id=None, engine=None, image=None, settings=s),
+            "app.kubernetes.io/component": "gpu-metrics",
+            **s["pod_monitor"]["labels"],
+        },
         # Quantities as strings: the API's int-or-string, and the client's models want str.
         "requests": {str(k): str(v) for k, v in s["resources"].items()},
         "s": s,
     }
     out: dict[str, str] = {}
     for file_name, template in deployment_templates(engine, folder).items():
+        if file_name == "podmonitor-dcgm.yaml" and not s["dcgm_exporter"]["enabled"]:
+            continue
         try:
             text = env.get_template(template).render(**context)
         except jinja2.TemplateNotFound as exc:
@@ -332,6 +349,7 @@ _KINDS = {
     "service.yaml": "Service",
     "deployment.yaml": "Deployment",
     "podmonitor.yaml": "PodMonitor",
+    "podmonitor-dcgm.yaml": "PodMonitor",
 }
 
 

@@ -1,8 +1,9 @@
 """One live measurement: the step the local and Kubernetes backends share.
 
 Dispatch the trace to the engine (servelab.dispatch.dispatch_run), record a reclamation when the
-backend names one, write requests.parquet, pull the run's Prometheus window into scrape.parquet,
-and write run.json last (a run.json on disk means the run's files are complete). A backend says
+backend names one, write requests.parquet, pull the run's Prometheus window into scrape.parquet
+(and the engine GPU's energy and power series, when the backend names them), and write run.json
+last (a run.json on disk means the run's files are complete). A backend says
 only what differs: where the engine and its Prometheus series are, how node identity is read,
 which timed actions run during the dispatch, and its own part of the record (`LiveTarget`).
 """
@@ -49,6 +50,9 @@ class LiveTarget:
     # The machine's load over the run (servelab.deploy.machine_load): recorded in run.json, and a
     # run whose pinned cores another job shared is refused (status failed).
     machine_load: LoadWatch | None = None
+    # Label matchers of the engine GPU's DCGM series, pulled beside the engine's (empty: the
+    # backend has none; the run's energy figures are then null).
+    gpu_selector: Mapping[str, str] = field(default_factory=dict)
 
 
 def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
@@ -102,6 +106,7 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         scrape_path=request.scrape_path,
         require_full_window=record["status"] == "ok",
         settle_s=target.scrape_settle_s,
+        gpu_selector=dict(target.gpu_selector) or None,
     )
     write_json(request.run_json_path, record)
     log.info(

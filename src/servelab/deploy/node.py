@@ -1,9 +1,17 @@
-"""Node identity and Spot reclamation detection (study §3.2, §5.4).
+"""Node identity, Spot reclamation detection and node-slot pinning (study §3.2, §5.4).
 
 This module owns what a node and an engine pod *are* across a run: reading their identity
 (`node_identity` from API objects; `observe` from the cluster, servelab.deploy.kube_cluster) and
 telling a reclamation from it (`detect_reclamation`; `reclamation` and `node_change`, the tests the
-kubernetes backend gives a run at its end and during it).
+kubernetes backend gives a run at its end and during it). A run observes its own engine pod and
+that pod's node only, so a reclamation concerns the runs on the reclaimed node and no other.
+
+It also owns which node a node slot (servelab.deploy.NodeSlot, config `campaign.gpu_nodes`)
+measures on. With more than one slot, slot k's node carries the label `servelab.dev/node-slot=k`,
+which servelab sets (`pin_node`, `choose_node`), and the deployment's objects are pinned to it when
+they are applied, never when they are rendered (`place`): its pod template gets the label as a
+nodeSelector, and its weight claim is the slot's own (a ReadWriteOnce volume attaches to one node
+at a time). With one slot nothing is labelled and nothing placed: the objects go as rendered.
 
 A run records the identity of the GPU node and of the engine pod at its start and at its end.
 `detect_reclamation(start, end)` compares the two and names what changed. On GKE a reclaimed Spot
@@ -37,22 +45,41 @@ GKE's `cloud.google.com/impending-node-termination` taint, set when a Spot VM is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from servelab.deploy.backend import NodeSlot
 
 if TYPE_CHECKING:
     from servelab.deploy.kube_cluster import KubeCluster
 
 __all__ = [
     "IDENTITY_KEYS",
+    "SLOT_LABEL",
     "SPOT_LABELS",
     "TERMINATION_TAINTS",
+    "SlotChoice",
+    "choose_node",
     "detect_reclamation",
+    "eligible",
+    "label_slot",
     "node_change",
     "node_identity",
     "observe",
+    "on_other_slot",
+    "pin_node",
+    "place",
     "reclamation",
 ]
+
+log = logging.getLogger(__name__)
+
+# The node label servelab sets on slot k's node (value "k"), and the nodeSelector it adds to an
+# engine pod of slot k when applying; also set on the slot's Deployment and weight claim.
+SLOT_LABEL = "servelab.dev/node-slot"
 
 SPOT_LABELS = ("cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible")
 INSTANCE_ID_ANNOTATION = "container.googleapis.com/instance_id"
@@ -223,3 +250,160 @@ def reclamation(node: Mapping[str, Any], when: str = "at the end of the run") ->
 def node_change(start: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
     """The node watch's test during a run (servelab.dispatch.run.node_watch)."""
     return reclamation({"start": start, "end": now}, when="during the run")
+
+
+# --------------------------------------------------------------------------- node slots
+
+
+def label_slot(obj: Mapping[str, Any]) -> int | None:
+    """The slot an object's `servelab.dev/node-slot` label names (None: no label, or not a
+    slot number)."""
+    value = (_get(obj, "metadata", "labels") or {}).get(SLOT_LABEL)
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def eligible(node: Mapping[str, Any]) -> bool:
+    """A node an engine can be pinned to: Ready, schedulable (not cordoned) and not being
+    reclaimed (no termination taint). The GPU selector is the listing's."""
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in _get(node, "status", "conditions") or []
+    )
+    taints = {t.get("key") for t in _get(node, "spec", "taints") or []}
+    return ready and not _get(node, "spec", "unschedulable") and not taints & {*TERMINATION_TAINTS}
+
+
+@dataclass(frozen=True)
+class SlotChoice:
+    """Where a slot goes: `node` (to be labelled first when `label`, under the precondition of
+    its `resource_version`), and the other nodes carrying the slot's label, to be unlabelled
+    (name, resourceVersion), so that one node at a time holds a slot."""
+
+    node: str
+    label: bool
+    resource_version: str | None
+    stale: tuple[tuple[str, str | None], ...] = ()
+
+
+def _name(node: Mapping[str, Any]) -> str:
+    return str(_get(node, "metadata", "name"))
+
+
+def _rv(node: Mapping[str, Any]) -> str | None:
+    rv = _get(node, "metadata", "resourceVersion")
+    return None if rv is None else str(rv)
+
+
+def _taken(node: Mapping[str, Any], count: int) -> bool:
+    """The node carries the label of a slot of a campaign of `count` slots."""
+    k = label_slot(node)
+    return k is not None and 0 <= k < count
+
+
+def choose_node(nodes: Sequence[Mapping[str, Any]], slot: NodeSlot) -> SlotChoice | None:
+    """The node slot `slot` measures on, among the GPU nodes `nodes`: the eligible one that
+    carries its label; else the first eligible node by name that carries no slot's label (or the
+    label of a slot beyond `slot.count`, left by a campaign with more nodes), to be labelled.
+    A node with another slot's label is never taken. None: no node can hold the slot now (a
+    reclaimed node not replaced yet, say)."""
+    holders = sorted((n for n in nodes if label_slot(n) == slot.index), key=_name)
+    kept = [n for n in holders if eligible(n)]
+    if kept:
+        chosen, label = kept[0], False
+    else:
+        free = [n for n in nodes if eligible(n) and not _taken(n, slot.count)]
+        if not free:
+            return None
+        chosen, label = min(free, key=_name), True
+    stale = tuple((_name(n), _rv(n)) for n in holders if _name(n) != _name(chosen))
+    return SlotChoice(_name(chosen), label, _rv(chosen), stale)
+
+
+def pin_node(cluster: KubeCluster, slot: NodeSlot, *, timeout_s: float | None = None) -> str:
+    """The name of the node slot `slot` measures on, labelled `servelab.dev/node-slot=<index>`
+    (`choose_node` among the nodes matching kubernetes.node_selector). Labelling is a merge
+    patch under the node's resourceVersion, so two jobs racing for one free node cannot both
+    take it: the loser looks again. Waits (bounded by `timeout_s`, default
+    kubernetes.timeouts.ready_s) while no node can hold the slot: after a reclamation the
+    replacement node comes up without servelab's label, and is labelled once it is Ready."""
+    selector = dict(cluster.settings.node_selector)
+
+    def attempt() -> str | None:
+        choice = choose_node(cluster.list_nodes(selector), slot)
+        if choice is None or not _take(cluster, choice, slot):
+            return None  # nothing free yet, or another job labelled it first: look again
+        for name, rv in choice.stale:
+            if cluster.label_node(name, SLOT_LABEL, None, rv) is not None:
+                log.warning("node slot %s: label removed from node %s (not Ready)", slot.name, name)
+        return choice.node
+
+    def waiting() -> str:
+        seen = "; ".join(_state(n, slot.count) for n in cluster.list_nodes(selector))
+        return (
+            f"node slot {slot.name}: no node matching {selector} can hold it "
+            f"(nodes: {seen or 'none'})"
+        )
+
+    return cluster.wait_for(attempt, timeout_s=timeout_s, describe=waiting)
+
+
+def _take(cluster: KubeCluster, choice: SlotChoice, slot: NodeSlot) -> bool:
+    """Label the chosen node for the slot when it is not yet; False when it changed since it was
+    read (409: another job may have taken it)."""
+    if not choice.label:
+        return True
+    value = str(slot.index)
+    if cluster.label_node(choice.node, SLOT_LABEL, value, choice.resource_version) is None:
+        return False
+    log.info("node slot %s: labelled node %s %s=%s", slot.name, choice.node, SLOT_LABEL, value)
+    return True
+
+
+def _state(node: Mapping[str, Any], count: int) -> str:
+    """A node as a slot sees it, for messages: `<name> held by slot k`, `<name> free`, and
+    whether it is eligible."""
+    held = f"held by slot {label_slot(node)}" if _taken(node, count) else "free"
+    usable = "" if eligible(node) else ", not Ready, cordoned or being reclaimed"
+    return f"{_name(node)} {held}{usable}"
+
+
+def on_other_slot(deployment: Mapping[str, Any], slot: NodeSlot) -> bool:
+    """True when an engine Deployment is pinned to another slot of this campaign's `slot.count`
+    (it runs on another node: leave it). An unpinned one, or one pinned to a slot beyond the
+    count, holds a GPU no slot accounts for: not on another slot. With one slot, never."""
+    return (
+        slot.count > 1 and _taken(deployment, slot.count) and label_slot(deployment) != slot.index
+    )
+
+
+def place(
+    objects: Sequence[Mapping[str, Any]], slot: NodeSlot, claim_name: str
+) -> list[dict[str, Any]]:
+    """The rendered objects as slot `slot` applies them. One slot: unchanged. Several: the
+    Deployment carries the slot's label and its pod template selects the slot's node by it
+    (`nodeSelector`, beside the GPU selector); the weight claim `claim_name` becomes the slot's
+    own, `<claim_name>-node<k>` (GKE's `standard-rwo` disks attach ReadWriteOnce: one node at a
+    time), in the Deployment's volumes and as the PersistentVolumeClaim object."""
+    if slot.count == 1:
+        return [dict(o) for o in objects]
+    value, claim = str(slot.index), f"{claim_name}-{slot.name}"
+    out = []
+    for obj in objects:
+        placed = copy.deepcopy(dict(obj))
+        meta = placed["metadata"]
+        if placed["kind"] == "Deployment":
+            meta["labels"] = {**(meta.get("labels") or {}), SLOT_LABEL: value}
+            pod_spec = placed["spec"]["template"]["spec"]
+            pod_spec["nodeSelector"] = {**(pod_spec.get("nodeSelector") or {}), SLOT_LABEL: value}
+            for volume in pod_spec.get("volumes") or []:
+                pvc = volume.get("persistentVolumeClaim") or {}
+                if pvc.get("claimName") == claim_name:
+                    pvc["claimName"] = claim
+        elif placed["kind"] == "PersistentVolumeClaim" and meta["name"] == claim_name:
+            meta["name"] = claim
+            meta["labels"] = {**(meta.get("labels") or {}), SLOT_LABEL: value}
+        out.append(placed)
+    return out

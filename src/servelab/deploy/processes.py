@@ -14,13 +14,14 @@ Nothing here stops a process by its name.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,11 @@ import httpx
 
 __all__ = [
     "HOST",
+    "START_LOCK",
     "STOP_TIMEOUT_S",
     "LocalError",
     "alive",
+    "exclusive",
     "free_port",
     "group_members",
     "kill_group",
@@ -54,6 +57,24 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 class LocalError(RuntimeError):
     """A local process could not be started, reached or stopped; the message says which and why."""
+
+
+# Beside the servers' state files: held while a process picks a free port and starts listening on
+# it, so N jobs starting servers at once (config campaign.gpu_nodes) never pick the same port.
+START_LOCK = ".start.lock"
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `lock_path` (created if missing) for the block; the
+    kernel releases it if the holder dies, so a killed job never leaves it held."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def free_port() -> int:

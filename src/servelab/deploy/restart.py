@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -163,11 +163,13 @@ def restart_timeline(
     out_json: str | os.PathLike[str],
     *,
     rep: str | None = None,
+    place: Callable[[Sequence[Mapping[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Run one restart of a Ready deployment on `cluster` and write its record to `out_json`.
 
     `rep` defaults to what the path says (`.../rep2/restart.json`, `.../restart2/restart.json`
-    or `.../2.json`).
+    or `.../2.json`). `place` pins the rendered objects to the node slot's node as they are
+    applied again (the kubernetes backend's `place`; None: applied as rendered).
     """
     out_path = Path(out_json)
     rep = rep or _rep_from_path(out_path)
@@ -179,6 +181,8 @@ def restart_timeline(
         raise KubernetesBackendError(f"{manifest_path}: expected the Deployment {deployment_id}")
     labels = deployments[0]["metadata"].get("labels") or {}
     engine = labels.get("app.kubernetes.io/name")
+    if place is not None:
+        objects = place(objects)
     old = cluster.engine_pod(deployment_id)
     if old is None or not pod_ready(old):
         raise KubernetesBackendError(

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from servelab.deploy.backend import Deployed, RunRequest
+from servelab.deploy.backend import Deployed, NodeSlot, RunRequest
 from servelab.sim.cpu_platform import step_costs_from_config
 from servelab.sim.platform import PlatformModel
 from servelab.sim.run import sim_deploy, simulate_run_files
@@ -26,8 +26,11 @@ class SimBackend:
         gpu: Mapping[str, Any],
         model: Mapping[str, Any],
         sim: Mapping[str, Any] | None = None,
+        node: NodeSlot | None = None,
     ) -> None:
         self.gpu = dict(gpu)
+        # the virtual GPU node the runs are measured on (one of config campaign.gpu_nodes)
+        self.node = node or NodeSlot()
         self.model = dict(model)
         # config `sim`: the simulated platform's drift and noise (servelab.sim.platform)
         self.platform = PlatformModel.from_config(sim)
@@ -72,4 +75,5 @@ class SimBackend:
             run_json_path=request.run_json_path,
             platform=self.platform,
             step_costs=self.step_costs,
+            node=self.node.name if self.node.count > 1 else None,
         )

@@ -29,6 +29,7 @@ from servelab.grid.settings import (
     STUDY_TABLE_CONDITIONS,
     AnalysisSettings,
     ConfigError,
+    CostSettings,
     DispatchSettings,
     RequestSlo,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "local_serves_real",
     "node_slot",
     "node_slots",
+    "node_usd_per_hour",
     "prepare_config",
     "read_config_file",
     "runs",
@@ -196,6 +198,7 @@ def _check_references(config: Mapping[str, Any]) -> None:
         problems += _check_sim(config)
     problems += _check_capacity(config)
     problems += _check_tool_delay(config)
+    problems += _check_gpu_nodes(config)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 
@@ -386,6 +389,19 @@ def _check_tool_delay(config: Mapping[str, Any]) -> list[str]:
     td = config["workload"]["tool_delay"]
     if td["min_s"] >= td["max_s"]:
         return ["config key workload.tool_delay.min_s: must be below max_s"]
+    return []
+
+
+def _check_gpu_nodes(config: Mapping[str, Any]) -> list[str]:
+    """Several GPU nodes on the local backend run their servers side by side on this machine: not
+    on pinned cores, where they would measure each other (servelab.deploy.machine_load)."""
+    pinned = (config.get("local") or {}).get("engine_cpus")
+    if config["backend"] == "local" and gpu_nodes(config) > 1 and pinned:
+        return [
+            f"config key campaign.gpu_nodes: {gpu_nodes(config)} nodes on the local backend "
+            f"would share the pinned cores local.engine_cpus {list(pinned)}; use one node, or "
+            "no pinning"
+        ]
     return []
 
 
@@ -580,6 +596,14 @@ def request_slo(config: Mapping[str, Any]) -> dict[str, float | None]:
     defaults: dict[str, float | None] = asdict(RequestSlo())
     given = config["analysis"].get("slo") or {}
     return {key: given.get(key, value) for key, value in defaults.items()}
+
+
+def node_usd_per_hour(config: Mapping[str, Any]) -> float | None:
+    """USD per hour of the node a run of this campaign occupies: `analysis.cost.node_usd_per_hour`
+    for the campaign's `gpu.name`, None when no price is configured for it (the dollar figures of
+    results/run_metrics.csv and results/capacity.csv are then null)."""
+    cost = CostSettings.from_config((config.get("analysis") or {}).get("cost"))
+    return cost.price(str(config["gpu"]["name"]))
 
 
 def defaults_diff_gpus(config: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -95,6 +95,11 @@ CLASSIFICATION: dict[str, dict[str, Kind]] = {
         "pod_monitor": OPERATIONAL,
         "engine_url": OPERATIONAL,
         "metrics_selector": OPERATIONAL,
+        # Where the GPU's energy and power series come from: they add rows to scrape.parquet but
+        # change nothing the engine does or is sent, so a run sealed without them is not measured
+        # again for them (its energy figures stay null).
+        "dcgm_exporter": OPERATIONAL,
+        "gpu_metrics_selector": OPERATIONAL,
         "timeouts": OPERATIONAL,
         # where the campaign's driver runs (a Job on the CPU node), never what it measures
         "campaign_job": OPERATIONAL,
@@ -117,6 +122,7 @@ MANIFEST_KEYS = (
     "readiness_probe",
     "sglang_shm_size",
     "pod_monitor",
+    "dcgm_exporter",
 )
 
 _SECTIONS = {

@@ -8,13 +8,14 @@ have: the config schema (config.schema.yaml) names the same keys and sets no def
 and a test checks that the two agree key for key (for the sections in `SECTIONS`).
 
 `AnalysisSettings` (the parameters every analysis output is computed with), `RequestSlo`
-(`analysis.slo`) and `CapacitySettings` (`capacity:`) live here too: every typed setting in one
+(`analysis.slo`), `CostSettings` (`analysis.cost`) and `CapacitySettings` (`capacity:`) live here too: every typed setting in one
 module. This module imports nothing from servelab, so every layer may read it.
 
 A key that the schema requires has no default here; a key the config may leave out has its
 default here and nowhere else. Mapping-valued keys (`node_selector`, `resources`,
-`metrics_selector`, `pod_monitor.labels`) replace their default as a whole, so a selector can drop
-a label; nested sections (`timeouts`, `readiness_probe`, ...) merge key by key.
+`metrics_selector`, `gpu_metrics_selector`, `pod_monitor.labels`, `dcgm_exporter.pod_labels`)
+replace their default as a whole, so a selector can drop a label; nested sections (`timeouts`,
+`readiness_probe`, ...) merge key by key.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ __all__ = [
     "CampaignVolume",
     "CapacitySettings",
     "ConfigError",
+    "CostSettings",
+    "DcgmExporterSettings",
     "DispatchSettings",
     "HfTokenSecret",
     "KubernetesSettings",
@@ -256,6 +259,22 @@ class CampaignJobSettings:
 
 
 @dataclass(frozen=True)
+class DcgmExporterSettings:
+    """`kubernetes.dcgm_exporter`: the GPU's DCGM exporter pods the rendered PodMonitor
+    (`podmonitor-dcgm.yaml`) scrapes. The defaults are GKE's managed DCGM: a DaemonSet in
+    gke-managed-system whose pods carry app.kubernetes.io/name=gke-managed-dcgm-exporter and serve
+    /metrics on the container port named `metrics` (9400)."""
+
+    # false: no PodMonitor is rendered (the cluster scrapes the exporter its own way, or has none)
+    enabled: bool = True
+    namespace: str = "gke-managed-system"
+    pod_labels: dict[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/name": "gke-managed-dcgm-exporter"}
+    )
+    port: str = "metrics"
+
+
+@dataclass(frozen=True)
 class KubernetesSettings(_ConfigSection):
     """The config's `kubernetes:` section (docs/kubernetes.md says what each key does)."""
 
@@ -292,6 +311,12 @@ class KubernetesSettings(_ConfigSection):
             "servelab_dev_deployment": "{deployment_id}",
         }
     )
+    # The GPU energy and power series (DCGM) of the engine's GPU: the exporter's PodMonitor, and
+    # the label matchers of the engine GPU's series ({node}, {pod}, {namespace}, {deployment_id}
+    # filled in; `node` is the label the rendered PodMonitor copies from the exporter pod's
+    # node). Empty: no GPU series are pulled (the energy figures are then null).
+    dcgm_exporter: DcgmExporterSettings = field(default_factory=DcgmExporterSettings)
+    gpu_metrics_selector: dict[str, str] = field(default_factory=lambda: {"node": "{node}"})
     timeouts: KubernetesTimeouts = field(default_factory=KubernetesTimeouts)
     campaign_job: CampaignJobSettings = field(default_factory=CampaignJobSettings)
 
@@ -313,6 +338,18 @@ class KubernetesSettings(_ConfigSection):
         return {
             key: str(value).format(namespace=self.namespace, deployment_id=deployment_id)
             for key, value in self.metrics_selector.items()
+        }
+
+    def gpu_metrics_selector_for(
+        self, deployment_id: str, *, node: str, pod: str
+    ) -> dict[str, str]:
+        """Prometheus label matchers of the engine GPU's DCGM series, for the engine pod `pod` on
+        node `node` (empty: no GPU series are pulled)."""
+        return {
+            key: str(value).format(
+                namespace=self.namespace, deployment_id=deployment_id, node=node, pod=pod
+            )
+            for key, value in self.gpu_metrics_selector.items()
         }
 
 
@@ -452,6 +489,30 @@ class RequestSlo:
             raise ValueError(f"analysis.slo: unknown key(s) {', '.join(sorted(unknown))}")
         values = {**asdict(cls()), **section}
         return cls(**{k: None if v is None else float(v) for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """Config `analysis.cost`: what the node a run occupies costs per hour (USD), by `gpu.name`
+    (docs/analysis.md, "Energy and cost per token"). An analysis input, never a measurement's: a
+    GPU without a price gets no dollar figure (null), never a made-up one; config/config.yaml
+    sets the study's L4 node's cited Spot price."""
+
+    node_usd_per_hour: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None) -> CostSettings:
+        """From config `analysis.cost` (None or {}: no price for any GPU)."""
+        section = dict(section or {})
+        unknown = set(section) - {"node_usd_per_hour"}
+        if unknown:
+            raise SettingsError(f"analysis.cost: unknown key(s) {', '.join(sorted(unknown))}")
+        prices = dict(section.get("node_usd_per_hour") or {})
+        return cls({str(gpu): float(usd) for gpu, usd in prices.items()})
+
+    def price(self, gpu: str) -> float | None:
+        """USD per node-hour on `gpu` (a `gpu.name`), or None when none is configured."""
+        return self.node_usd_per_hour.get(gpu)
 
 
 # --------------------------------------------------------------------------- capacity

@@ -206,9 +206,11 @@ def make_warmups(seed: int, n: int, avoid_first: set[int], vocab_size: int) -> l
     return out
 
 
-def node_identity(gpu_name: str, generation: int) -> dict[str, Any]:
-    """A deterministic stand-in for the GPU node's identity; a reclamation bumps the generation."""
-    name = f"sim-{gpu_name.lower()}-node-{generation}"
+def node_identity(gpu_name: str, generation: int, node: str | None = None) -> dict[str, Any]:
+    """A deterministic stand-in for the GPU node's identity; a reclamation bumps the generation.
+    `node` names one of several virtual nodes (config campaign.gpu_nodes > 1: `node0`, `node1`,
+    ...); with one node the name is the one-node campaign's, so its artifacts do not change."""
+    name = f"sim-{gpu_name.lower()}-{node or 'node'}-{generation}"
     return {
         "name": name,
         "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"servelab-sim/{name}")),
@@ -323,8 +325,10 @@ def simulate_run_files(
     calibration: Calibration = DEFAULT_CALIBRATION,
     platform: PlatformModel | None = None,
     step_costs: Mapping[str, Any] | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
     """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record.
+    `node` names the virtual GPU node (`node_identity`; None: the one node).
 
     `platform` slows or speeds every iteration by the deployment's drift and the run's noise
     (servelab.sim.platform), recorded in run.json's `sim.platform`; None runs the model alone
@@ -376,8 +380,8 @@ def simulate_run_files(
     run_id = f"{arm}/{engine}/{condition}/{rep}"
     requests = _requests_table(run_id, outcome)
     scrape = _scrape_table(run_id, outcome)
-    node_start = node_identity(gpu_name, 0)
-    node_end = node_identity(gpu_name, 1 if outcome.interrupted else 0)
+    node_start = node_identity(gpu_name, 0, node)
+    node_end = node_identity(gpu_name, 1 if outcome.interrupted else 0, node)
     stats = sim.model.metrics()
     extra = {
         "trace_start_s": outcome.trace_start_s,

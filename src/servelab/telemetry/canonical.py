@@ -2,6 +2,12 @@
 
 Every backend records the same raw form (`scrape.parquet`: the engine's own metric names over the
 run's window), so one mapping and one coverage check serve the simulator and Prometheus alike.
+
+Beside the engine's series, scrape.parquet may hold the GPU's: DCGM's energy counter and power
+gauge (`GPU_METRIC_MAP`), which only the kubernetes backend pulls. They map to `gpu_energy_mj` and
+`gpu_power_w` when they cover the whole window; a GPU series that is absent or covers only part
+of an ok run's window is left out (logged), never an error and never filled in: the energy
+figures computed from it are then null rather than an undercount.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from servelab.artifacts import (
+    GPU_TELEMETRY_METRICS,
     SCRAPE_SCHEMA,
     TELEMETRY_SCHEMA,
     ArtifactError,
@@ -24,9 +31,21 @@ from servelab.artifacts import (
 )
 from servelab.engines.metrics import METRIC_LAZY, METRIC_MAP
 
-__all__ = ["TelemetryWindowError", "canonicalize", "canonicalize_files"]
+__all__ = ["GPU_METRIC_MAP", "TelemetryWindowError", "canonicalize", "canonicalize_files"]
 
 log = logging.getLogger(__name__)
+
+# Canonical name -> the GPU series dcgm-exporter serves (NVIDIA DCGM fields 156, "total energy
+# consumption for the GPU in mJ since the driver was last reloaded", a counter; and 155, "power
+# usage for the device in Watts", a gauge: dcgm_fields.h; both in dcgm-exporter's
+# etc/default-counters.csv and in GKE's managed DCGM). One GPU per run: the engine's.
+GPU_METRIC_MAP = dict(
+    zip(
+        GPU_TELEMETRY_METRICS,
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_POWER_USAGE"),
+        strict=True,
+    )
+)
 
 
 class TelemetryWindowError(ArtifactError):
@@ -54,39 +73,72 @@ def canonicalize(
     columns: dict[str, list[Any]] = {name: [] for name in TELEMETRY_SCHEMA.names}
     # a canonical metric the engine does not export is absent from its map (docs/engines.md)
     for canonical, source in sorted(METRIC_MAP[engine].items()):
-        rows = scrape.filter(pc.equal(sources, source))
-        times = np.asarray(rows.column("t_s").to_numpy(), dtype=float)
-        values = np.asarray(rows.column("value").to_numpy(), dtype=float)
+        times, values = _series(scrape, sources, source)
         if source in lazy:  # exists only from its first event: absent or partial, never a gap
             pass
         elif require_full_window:
-            _check_coverage(times, duration_s=duration_s, step_s=step_s, series=source, what=what)
-        order = np.argsort(times, kind="stable")
-        columns["run_id"].extend([run_id] * len(order))
-        columns["t_s"].extend(times[order].tolist())
-        columns["metric"].extend([canonical] * len(order))
-        columns["value"].extend(values[order].tolist())
-        columns["source_metric"].extend([source] * len(order))
+            problem = _coverage_problem(times, duration_s=duration_s, step_s=step_s, series=source)
+            if problem:
+                raise TelemetryWindowError(f"{what}: {problem}")
+        _append(columns, run_id, canonical, source, times, values)
+    # the GPU's series (kubernetes backend only): kept whole or not at all (module docstring)
+    for canonical, source in sorted(GPU_METRIC_MAP.items()):
+        times, values = _series(scrape, sources, source)
+        if times.size == 0:
+            continue
+        if require_full_window:
+            problem = _coverage_problem(times, duration_s=duration_s, step_s=step_s, series=source)
+            if problem:
+                log.warning(
+                    "%s: %s; left out of the telemetry (its figures are null)", what, problem
+                )
+                continue
+        _append(columns, run_id, canonical, source, times, values)
     return pa.table(columns, schema=TELEMETRY_SCHEMA)
 
 
-def _check_coverage(
-    times: np.ndarray, *, duration_s: float, step_s: float, series: str, what: str
+def _series(
+    scrape: pa.Table, sources: pa.ChunkedArray, source: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(times, values) of one raw series, in the table's order."""
+    rows = scrape.filter(pc.equal(sources, source))
+    times = np.asarray(rows.column("t_s").to_numpy(), dtype=float)
+    values = np.asarray(rows.column("value").to_numpy(), dtype=float)
+    return times, values
+
+
+def _append(
+    columns: dict[str, list[Any]],
+    run_id: str,
+    canonical: str,
+    source: str,
+    times: np.ndarray,
+    values: np.ndarray,
 ) -> None:
+    """One series' rows, in time order, under its canonical name."""
+    order = np.argsort(times, kind="stable")
+    columns["run_id"].extend([run_id] * len(order))
+    columns["t_s"].extend(times[order].tolist())
+    columns["metric"].extend([canonical] * len(order))
+    columns["value"].extend(values[order].tolist())
+    columns["source_metric"].extend([source] * len(order))
+
+
+def _coverage_problem(
+    times: np.ndarray, *, duration_s: float, step_s: float, series: str
+) -> str | None:
+    """Why `times` do not cover the window [0, duration_s] (None when they do)."""
     if times.size == 0:
-        raise TelemetryWindowError(f"{what}: no samples of {series} in the run's window")
+        return f"no samples of {series} in the run's window"
     times = np.sort(times)
     # Allow one missed scrape at either end and between samples; more is a partial window.
     slack = 2 * step_s + 1e-9
     if times[0] > slack or times[-1] < duration_s - slack:
-        raise TelemetryWindowError(
-            f"{what}: {series} covers {times[0]:.1f}-{times[-1]:.1f} s of a {duration_s:.1f} s window"
-        )
+        return f"{series} covers {times[0]:.1f}-{times[-1]:.1f} s of a {duration_s:.1f} s window"
     if times.size > 1 and float(np.max(np.diff(times))) > slack:
         gap = int(np.argmax(np.diff(times)))
-        raise TelemetryWindowError(
-            f"{what}: {series} has a gap from {times[gap]:.1f} s to {times[gap + 1]:.1f} s"
-        )
+        return f"{series} has a gap from {times[gap]:.1f} s to {times[gap + 1]:.1f} s"
+    return None
 
 
 def canonicalize_files(

@@ -9,7 +9,16 @@ A missing or partial window is an error (TelemetryWindowError), never an empty t
 samples are checked with the same coverage rule the telemetry stage applies. Requests are retried
 a bounded number of times on connection errors and 5xx answers.
 
-The PromQL text lives here only (`promql_queries`); tests keep golden copies of what it generates.
+The GPU's energy counter and power gauge (DCGM, `canonical.GPU_METRIC_MAP`) are pulled over the
+same window when the backend names the engine GPU's label matchers (the kubernetes backend's
+`kubernetes.gpu_metrics_selector`): `max by (UUID)` folds the series one GPU may be split into (an
+exporter pod restarted, a pod label that came or went) and keeps two GPUs apart, so a selector
+that matches more than one GPU is noticed, not summed. A GPU series that is missing or ambiguous
+is logged and left out, never an error: a run is not failed over its energy figures, which are
+then null.
+
+The PromQL text lives here only (`promql_queries`, `gpu_promql_queries`); tests keep golden copies
+of what they generate.
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ import pyarrow as pa
 
 from servelab.artifacts import SCRAPE_SCHEMA, write_parquet
 from servelab.engines.metrics import METRIC_MAP, METRIC_PART_LABELS
-from servelab.telemetry.canonical import TelemetryWindowError, canonicalize
+from servelab.telemetry.canonical import GPU_METRIC_MAP, TelemetryWindowError, canonicalize
 
 __all__ = [
     "PrometheusError",
+    "gpu_promql_queries",
     "promql_queries",
+    "pull_gpu_window",
     "pull_scrape_files",
     "pull_window",
     "query_range",
@@ -43,6 +54,8 @@ QUERY_TEMPLATE = "max({{{name},{matchers}}})"
 # An engine whose series are split into parts by a label (EngineSpec.metric_part_labels): the
 # parts of each series summed, then folded as above.
 PARTS_TEMPLATE = "max(sum without ({parts}) ({{{name},{matchers}}}))"
+# The GPU's series: one per GPU (dcgm-exporter labels every series with the GPU's UUID).
+GPU_QUERY_TEMPLATE = "max by (UUID) ({{{name},{matchers}}})"
 
 
 def name_matcher(metric: str) -> str:
@@ -65,6 +78,21 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _matchers(selector: Mapping[str, str]) -> str:
+    return ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(selector.items()))
+
+
+def gpu_promql_queries(selector: Mapping[str, str]) -> dict[str, str]:
+    """The range query for each of the GPU's DCGM series, restricted by label `selector`."""
+    if not selector:
+        raise ValueError("a label selector is required (e.g. the engine's node)")
+    matchers = _matchers(selector)
+    return {
+        source: GPU_QUERY_TEMPLATE.format(name=f'__name__="{source}"', matchers=matchers)
+        for source in sorted(GPU_METRIC_MAP.values())
+    }
+
+
 def promql_queries(engine: str, selector: Mapping[str, str]) -> dict[str, str]:
     """The range query for each of `engine`'s source metrics, restricted by label `selector`."""
     if engine not in METRIC_MAP:
@@ -73,7 +101,7 @@ def promql_queries(engine: str, selector: Mapping[str, str]) -> dict[str, str]:
         )
     if not selector:
         raise ValueError("a label selector is required (e.g. the deployment label)")
-    matchers = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(selector.items()))
+    matchers = _matchers(selector)
     sources = sorted({s for s in METRIC_MAP[engine].values() if s is not None})
     parts = METRIC_PART_LABELS[engine]
     if parts:  # series split into parts (SGLang 0.5's is_streaming) are summed first
@@ -193,6 +221,53 @@ def pull_window(
     return table
 
 
+def pull_gpu_window(
+    *,
+    prometheus_url: str,
+    selector: Mapping[str, str],
+    run_id: str,
+    start_unix_s: float,
+    end_unix_s: float,
+    step_s: float,
+    retries: int = 3,
+    backoff_s: float = 0.5,
+    timeout_s: float = 30.0,
+) -> pa.Table:
+    """The engine GPU's raw DCGM samples over the run's window (SCRAPE_SCHEMA rows under the DCGM
+    names). A series Prometheus does not hold, or holds for more than one GPU, is logged and left
+    out (module docstring); coverage is judged where the series is read (telemetry.canonical)."""
+    columns: dict[str, list[Any]] = {name: [] for name in SCRAPE_SCHEMA.names}
+    with httpx.Client(base_url=prometheus_url.rstrip("/"), timeout=timeout_s) as client:
+        for source, query in gpu_promql_queries(selector).items():
+            try:
+                points = query_range(
+                    client,
+                    query,
+                    start_unix_s=start_unix_s,
+                    end_unix_s=end_unix_s,
+                    step_s=step_s,
+                    retries=retries,
+                    backoff_s=backoff_s,
+                )
+            except PrometheusError as exc:
+                log.warning("run %s: GPU series %s left out: %s", run_id, source, exc)
+                continue
+            if not points:
+                log.warning(
+                    "run %s: no GPU series %s for %s in %s: its energy figures will be null",
+                    run_id,
+                    source,
+                    dict(selector),
+                    prometheus_url,
+                )
+            for ts, value in points:
+                columns["run_id"].append(run_id)
+                columns["t_s"].append(round(ts - start_unix_s, 6))
+                columns["source_metric"].append(source)
+                columns["value"].append(value)
+    return pa.table(columns, schema=SCRAPE_SCHEMA)
+
+
 def pull_scrape_files(
     *,
     prometheus_url: str,
@@ -206,9 +281,12 @@ def pull_scrape_files(
     require_full_window: bool = True,
     settle_s: float = 0.0,
     retries: int = 3,
+    gpu_selector: Mapping[str, str] | None = None,
 ) -> pa.Table:
     """`pull_window`, then write scrape.parquet atomically. `settle_s`: wait until that long after
-    the window's end first (at most `settle_s`), so Prometheus has scraped the last interval."""
+    the window's end first (at most `settle_s`), so Prometheus has scraped the last interval.
+    `gpu_selector`: the engine GPU's label matchers; its DCGM series join the engine's
+    (`pull_gpu_window`). None or empty: no GPU series (a backend without them)."""
     wait = min(settle_s, end_unix_s + settle_s - time.time())  # never more than settle_s
     if wait > 0:
         time.sleep(wait)
@@ -223,6 +301,17 @@ def pull_scrape_files(
         require_full_window=require_full_window,
         retries=retries,
     )
+    if gpu_selector:
+        gpu = pull_gpu_window(
+            prometheus_url=prometheus_url,
+            selector=gpu_selector,
+            run_id=run_id,
+            start_unix_s=start_unix_s,
+            end_unix_s=end_unix_s,
+            step_s=step_s,
+            retries=retries,
+        )
+        table = pa.concat_tables([table, gpu])
     write_parquet(scrape_path, table, SCRAPE_SCHEMA)
     log.info(
         "%s: %d samples of %d series from %s",

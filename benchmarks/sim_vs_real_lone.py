@@ -1,0 +1,114 @@
+"""A request alone in a loaded run against the same shape in the unloaded floor (issue 26;
+docs/simulator.md, "Against the real engines").
+
+The CPU platform is fitted from the floor only. If a request that meets no other request in a
+loaded run (nothing else in flight when it is sent, nothing sent before its first token) takes
+longer there than the floor's requests of the same shape, part of the light-load TTFT miss is a
+state the loaded run carries and the floor does not, which no scheduler rule and no floor-only
+fit can see. This prints, per engine and arm, from a `make sim-vs-real` results folder:
+
+- the floor's median TTFT on the condition's shape (all floor repetitions pooled);
+- the lone requests' median TTFT in the loaded runs, real and predicted (the same requests), and by
+  the engine's idle time before them (how long since the previous request's last token).
+
+    python benchmarks/sim_vs_real_lone.py [--results results] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+IDLE_BINS_S = ((0.0, 0.005), (0.005, 0.1), (0.1, float("inf")))
+
+
+def requests(path: Path) -> dict[str, Any]:
+    t = pq.read_table(path).to_pydict()
+    first = [c[0] if c else np.nan for c in t["chunk_times_s"]]
+    last = [c[-1] if c else np.nan for c in t["chunk_times_s"]]
+    return {
+        "id": t["request_id"],
+        "warmup": np.asarray(t["warmup"]),
+        "sent": np.asarray(t["sent_s"], dtype=float),
+        "ttft": np.asarray(first, dtype=float) - np.asarray(t["sent_s"], dtype=float),
+        "end": np.asarray(last, dtype=float),
+    }
+
+
+def lone(run: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(request id, TTFT, idle before it) of every trace request that met no other request."""
+    out = []
+    sent, end, ttft = run["sent"], run["end"], run["ttft"]
+    for i in range(len(sent)):
+        if run["warmup"][i] or not np.isfinite(ttft[i]):
+            continue
+        in_flight = ((sent < sent[i]) & (end > sent[i])).sum()
+        joined = ((sent > sent[i]) & (sent < sent[i] + ttft[i])).sum()
+        if in_flight == 0 and joined == 0:
+            before = end[end <= sent[i]]
+            idle = float(sent[i] - before.max()) if before.size else float("inf")
+            out.append((run["id"][i], float(ttft[i]), idle))
+    return out
+
+
+def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
+    floors = sorted(results.glob(f"floor/{arm}-*/runs/{arm}/{engine}/floor-s0.50-L1024/rep*"))
+    floor_runs = [requests(f / "requests.parquet") for f in floors]
+    floor_ttft = np.concatenate([r["ttft"][~r["warmup"]] for r in floor_runs] or [np.array([])])
+    floor_ttft = floor_ttft[np.isfinite(floor_ttft)]
+    real, predicted, idle = [], [], []
+    for run in sorted((results / "runs" / arm / engine).glob("rate-*/rep*")):
+        measured = requests(run / "requests.parquet")
+        guess_path = results / "sim_vs_real" / "predicted" / run.relative_to(results / "runs")
+        guess = requests(guess_path / "requests.parquet")
+        guessed = dict(zip(guess["id"], guess["ttft"], strict=True))
+        for rid, ttft, before in lone(measured):
+            real.append(ttft)
+            predicted.append(guessed[rid])
+            idle.append(before)
+    real_a, idle_a = np.asarray(real), np.asarray(idle)
+    by_idle = {}
+    for lo, hi in IDLE_BINS_S:
+        mask = (idle_a >= lo) & (idle_a < hi)
+        by_idle[f"{lo:g}-{hi:g} s"] = {
+            "n": int(mask.sum()),
+            "real_ms": round(float(np.median(real_a[mask])) * 1e3, 1) if mask.any() else None,
+        }
+    floor_ms = float(np.median(floor_ttft)) * 1e3 if floor_ttft.size else float("nan")
+    real_ms = float(np.median(real_a)) * 1e3 if real_a.size else float("nan")
+    return {
+        "floor_requests": int(floor_ttft.size),
+        "floor_ttft_ms": round(floor_ms, 1),
+        "lone_requests": int(real_a.size),
+        "lone_real_ttft_ms": round(real_ms, 1),
+        "lone_predicted_ttft_ms": round(float(np.median(predicted)) * 1e3, 1)
+        if predicted
+        else None,
+        "lone_over_floor": round(real_ms / floor_ms, 3),
+        "by_idle_before": by_idle,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    out: dict[str, Any] = {}
+    for engine in sorted(p.name for p in (args.results / "runs" / "defaults").iterdir()):
+        for arm in ("defaults", "matched"):
+            row = summary(args.results, arm, engine)
+            out[f"{engine}/{arm}"] = row
+            print(f"{engine:9s} {arm:9s} {json.dumps(row)}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
