@@ -37,13 +37,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RATES = (0.2, 0.28, 0.4)
-# requests.parquet columns that hold what was measured rather than when (compared across N)
+# requests.parquet columns that hold what was measured rather than when (compared across N; not
+# scheduled_s either: a dependant is due when its predecessors finished, on the wall clock)
 OUTCOME_COLUMNS = (
     "request_id",
     "graph_id",
     "role",
     "warmup",
-    "scheduled_s",
     "prompt_tokens",
     "output_tokens",
     "max_tokens",
@@ -62,6 +62,7 @@ WALL_CLOCK = {
     "machine_load",
     "dispatcher",
     "dispatcher_lag_s",
+    "wire_lag_s",
     "server_lag_s",
     "measured_window",
     "git_commit",
@@ -83,6 +84,11 @@ def config_for(nodes: int, duration_s: float) -> dict[str, Any]:
         for r in RATES
     ]
     config["analysis"]["table_conditions"] = [f"rate-{r:.2f}" for r in RATES]
+    # the matched arm over the same conditions, one deployment an engine (no 8,192-token runs)
+    matched = config["arms"]["matched"]
+    matched["conditions"] = "all"
+    matched["engines"]["sglang"].pop("flags_by_condition", None)
+    matched["engines"]["sglang"].pop("skip_conditions", None)
     config["dispatch"].update(warmup_requests=2, health_timeout_s=60)
     config["campaign"].update(gpu_nodes=nodes, pause_between_runs_s=0, faults=[])
     return config
@@ -114,17 +120,20 @@ def run_campaign(work: Path, config: dict[str, Any], cores: int) -> float:
 
 
 def run_dirs(work: Path) -> Iterator[Path]:
-    yield from sorted(p.parent for p in (work / "results" / "runs").rglob("run.json"))
+    """Each published run ({arm}/{engine}/{condition}/{rep}; not its measured/ or attempts/)."""
+    yield from sorted(p.parent for p in (work / "results" / "runs").glob("*/*/*/rep*/run.json"))
 
 
-def lags_ms(work: Path) -> np.ndarray:
+def lags_ms(work: Path, column: str = "sent_s") -> np.ndarray:
+    """Every trace request's lag behind its due time, ms: at the scheduler (`sent_s`) or on the
+    wire (`written_s`, its last byte written: the documented on-wire figure's definition)."""
     out = []
     for run in run_dirs(work):
         t = pq.read_table(run / "requests.parquet").to_pydict()
         out += [
-            (sent - due) * 1e3
-            for sent, due, warm in zip(t["sent_s"], t["scheduled_s"], t["warmup"], strict=True)
-            if not warm and sent is not None
+            (at - due) * 1e3
+            for at, due, warm in zip(t[column], t["scheduled_s"], t["warmup"], strict=True)
+            if not warm and at is not None
         ]
     return np.asarray(out)
 
@@ -169,13 +178,51 @@ def differences(one: Path, other: Path) -> dict[str, Any]:
     return out
 
 
+def row_for(work: Path, wall: float) -> dict[str, Any]:
+    lag, wire = lags_ms(work), lags_ms(work, "written_s")
+    return {
+        "wall_s": round(wall, 1),
+        "runs": len(list(run_dirs(work))),
+        "overlapping_runs": overlapping(work),
+        "lag_ms_median": round(float(np.median(lag)), 3),
+        "lag_ms_p99": round(float(np.percentile(lag, 99)), 3),
+        "lag_ms_max": round(float(lag.max()), 3),
+        "wire_lag_ms_median": round(float(np.median(wire)), 3),
+        "wire_lag_ms_p99": round(float(np.percentile(wire, 99)), 3),
+        "requests": int(lag.size),
+    }
+
+
+def reanalyse(root: Path, figures_path: Path, nodes: list[int]) -> int:
+    figures = json.loads(figures_path.read_text())
+    first = nodes[0]
+    for n in nodes:
+        row = row_for(root / f"nodes-{n}", figures[f"N={n}"]["wall_s"])
+        if n != first:
+            row["wall_ratio_to_first"] = round(row["wall_s"] / figures[f"N={first}"]["wall_s"], 3)
+            row["differences_from_first"] = differences(
+                root / f"nodes-{first}", root / f"nodes-{n}"
+            )
+        figures[f"N={n}"] = row
+        print(f"N={n}: {json.dumps(row)}")
+    figures_path.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--duration", type=float, default=12.0)
     parser.add_argument("--keep", type=Path, help="run under this folder and keep it")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--reanalyse",
+        action="store_true",
+        help="read the campaigns kept under --keep again (wall times from --json) and rewrite it",
+    )
     args = parser.parse_args()
+    if args.reanalyse:
+        return reanalyse(args.keep, args.json, args.nodes)
     root = args.keep or Path(tempfile.mkdtemp(prefix="servelab-nodes-"))
     machine = {
         "cpus": os.cpu_count(),
@@ -192,16 +239,7 @@ def main() -> int:
         config = config_for(n, args.duration)
         wall = run_campaign(work, copy.deepcopy(config), cores=max(n, 1) + 1)
         works[n] = work
-        lag = lags_ms(work)
-        row = {
-            "wall_s": round(wall, 1),
-            "runs": len(list(run_dirs(work))),
-            "overlapping_runs": overlapping(work),
-            "lag_ms_median": round(float(np.median(lag)), 3),
-            "lag_ms_p99": round(float(np.percentile(lag, 99)), 3),
-            "lag_ms_max": round(float(lag.max()), 3),
-            "requests": int(lag.size),
-        }
+        row = row_for(work, wall)
         if n != args.nodes[0]:
             row["wall_ratio_to_first"] = round(wall / figures[f"N={args.nodes[0]}"]["wall_s"], 3)
             row["differences_from_first"] = differences(works[args.nodes[0]], work)
