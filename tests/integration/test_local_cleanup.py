@@ -89,8 +89,24 @@ def alive(results: Path) -> list[tuple[str, int, str]]:
     return [entry for entry in started_processes(results) if process_alive(entry[1], entry[2])]
 
 
+def _as_a_terminal_starts_it() -> None:
+    """A shell starts a foreground job with SIGINT deliverable. A test process may not have it
+    so (a signal ignored or blocked is inherited across fork and exec, and Python installs its
+    KeyboardInterrupt handler only where SIGINT is not ignored): reset it, as a terminal would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def start(work: Workdir, *targets: str) -> subprocess.Popen[str]:
-    return work.popen(*targets)
+    return subprocess.Popen(
+        work.command(*targets),
+        cwd=work.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the Ctrl-C reaches its jobs too
+        preexec_fn=_as_a_terminal_starts_it,
+    )
 
 
 def wait_for(path_glob: str, work: Workdir, process: subprocess.Popen[str]) -> None:
