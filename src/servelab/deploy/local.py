@@ -625,7 +625,7 @@ class LocalBackend:
 
     def _on_this_node(self, state: Mapping[str, Any] | None) -> bool:
         """A server's state says it runs on this backend's node slot (before slots: the one)."""
-        return bool(state) and (state or {}).get("node_slot", "node0") == self.node.name
+        return state is not None and state.get("node_slot", "node0") == self.node.name
 
     @staticmethod
     def _engine_watch(state: Mapping[str, Any]) -> list[TimedAction]:

@@ -199,11 +199,7 @@ def pull_window(
                 retries=retries,
                 backoff_s=backoff_s,
             )
-            for ts, value in points:
-                columns["run_id"].append(run_id)
-                columns["t_s"].append(round(ts - start_unix_s, 6))
-                columns["source_metric"].append(source)
-                columns["value"].append(value)
+            _append_samples(columns, run_id, source, points, start_unix_s)
     table = pa.table(columns, schema=SCRAPE_SCHEMA)
     what = f"Prometheus {prometheus_url} window of run {run_id}"
     if table.num_rows == 0:
@@ -219,6 +215,21 @@ def pull_window(
             require_full_window=True,
         )
     return table
+
+
+def _append_samples(
+    columns: dict[str, list[Any]],
+    run_id: str,
+    source: str,
+    points: list[tuple[float, float]],
+    start_unix_s: float,
+) -> None:
+    """One series' (unix time, value) points as SCRAPE_SCHEMA rows, times from the window start."""
+    for ts, value in points:
+        columns["run_id"].append(run_id)
+        columns["t_s"].append(round(ts - start_unix_s, 6))
+        columns["source_metric"].append(source)
+        columns["value"].append(value)
 
 
 def pull_gpu_window(
@@ -260,11 +271,7 @@ def pull_gpu_window(
                     dict(selector),
                     prometheus_url,
                 )
-            for ts, value in points:
-                columns["run_id"].append(run_id)
-                columns["t_s"].append(round(ts - start_unix_s, 6))
-                columns["source_metric"].append(source)
-                columns["value"].append(value)
+            _append_samples(columns, run_id, source, points, start_unix_s)
     return pa.table(columns, schema=SCRAPE_SCHEMA)
 
 
