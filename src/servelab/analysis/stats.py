@@ -12,6 +12,7 @@ undefined), so each one can be checked by hand and against scipy directly.
   population moments (no small-sample correction).
 - Power of that paired test (`paired_power`, `paired_sample_size`): the noncentral t distribution
   (`scipy.stats.nct`) with df = n − 1 and noncentrality |ln effect| / (s/√n), two-sided.
+- Multiplicity (`holm`): Holm's step-down adjusted p-values over a family of tests.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "fluid_predicted_gap",
     "fluid_wait_p50",
     "geomean",
+    "holm",
     "keeps_pace",
     "log_skewness",
     "log_summary",
@@ -244,7 +246,7 @@ def fluid_predicted_gap(delta: float, run_length_s: float, baseline_p50_s: float
     return (baseline_p50_s + fluid_wait_p50(delta, run_length_s)) / baseline_p50_s
 
 
-# ------------------------------------------------------------------ power
+# ------------------------------------------------------------------ power and multiplicity
 
 
 def t_test_power(noncentrality: float, df: float, alpha: float = 0.05) -> float:
@@ -313,3 +315,26 @@ def paired_sample_size(
         mid = (low + high) // 2
         low, high = (low, mid) if enough(mid) else (mid, high)
     return high
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple
+    test procedure", Scand. J. Statist. 6: 65-70).
+
+    With the m finite p-values sorted p_(1) ≤ ... ≤ p_(m), the adjusted value of the i-th is
+    max_{j ≤ i} min(1, (m − j + 1) · p_(j)). Rejecting every hypothesis whose adjusted p-value is
+    at most α is Holm's procedure at level α, which holds the family-wise error rate at α under
+    any dependence between the tests. Values come back in the order given; a NaN (a test that
+    could not be run) stays NaN and is not counted in m. Ties keep their input order, which does
+    not change any adjusted value.
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, NAN)
+    finite = np.flatnonzero(np.isfinite(p))
+    m = finite.size
+    if m == 0:
+        return [float(x) for x in out]
+    order = finite[np.argsort(p[finite], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return [float(x) for x in out]
