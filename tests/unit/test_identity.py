@@ -55,6 +55,21 @@ def test_an_operational_key_leaves_the_measurement_key(
 
 
 @pytest.mark.parametrize(
+    ("key", "value"),
+    [("multiplicity", "holm"), ("phi_guard", 1.5), ("table_conditions", ["rate-0.28"])],
+)
+def test_an_analysis_key_is_no_part_of_a_measurement(
+    study_config: dict[str, Any], key: str, value: Any
+) -> None:
+    """`analysis:` settings are inputs of the analysis rules only (their params): changing one
+    re-runs the analysis, never a measurement, so none is classified here."""
+    changed = copy.deepcopy(study_config)
+    changed["analysis"][key] = value
+    assert _key(changed) == _key(study_config)
+    assert "analysis" not in identity.CLASSIFICATION
+
+
+@pytest.mark.parametrize(
     ("section", "key", "value"),
     [
         ("dispatch", "request_timeout_s", 1.0),

@@ -459,6 +459,7 @@ def analysis_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         exclude_first_graph=section["exclude_first_graph"],
         engines=tuple(e for e in engine_names() if e in config["engines"]),
         table_conditions=tuple(section.get("table_conditions", STUDY_TABLE_CONDITIONS)),
+        multiplicity=section.get("multiplicity", AnalysisSettings.multiplicity),
     )
     return settings.as_dict()
 
