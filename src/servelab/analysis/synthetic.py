@@ -316,7 +316,7 @@ def write_synthetic_run(
     trace = _trace(seed, condition.rate, condition.duration_s)
     rng = np.random.default_rng(_seed(seed, arm, engine))
     sharing, prompt_tokens = condition.sharing, condition.prompt_tokens
-    offered = offered_load(condition, _WORKERS_PER_GRAPH)
+    offered = offered_load(condition, {"workers_per_graph": _WORKERS_PER_GRAPH})
     cap = _capacity(engine, arm, prompt_tokens, sharing)
     rho = offered / cap
     t0 = 5.0  # trace start after the warm-ups
