@@ -3,8 +3,8 @@
 One row per parsed run (sorted by run id), from artifacts only: the run (requests.parquet,
 run.json), its trace (trace.parquet, manifest.json), its deployment's resolved configuration
 (resolved.json: the KV cache's size, from the engine's start-up log), the unloaded floor
-(results/floor.csv) and, when given, the saturation probes of the capacity searches
-(docs/capacity.md). No loaded run of the grid enters a prediction of the closed model.
+(results/floor.csv) and, when given, the probes of the capacity searches (docs/capacity.md). No
+loaded run of the grid enters a prediction of the closed model.
 
 Columns (docs/analysis.md, "Closed queueing model"):
 
@@ -16,9 +16,10 @@ Columns (docs/analysis.md, "Closed queueing model"):
   seed-paired runs where vLLM falls behind and SGLang keeps pace), and Eq. 8 on the run alone
   (`fluid_run_*`: δ = 1 − X/Λ from its own throughput and trace, on its floor's TTFT);
 - the closed model (`queueing`): the engine from the floor (P, τ₁), the KV cache (slots) and the
-  per-sequence step cost c: from a capacity search's saturation probe of the same arm, engine and
-  request shape when one is given (`closed_source` capacity), else 0 (`floor`: a decode step
-  costs τ₁ at any batch size, an upper bound on the throughput);
+  per-sequence step cost c: from the saturated capacity probes of the same arm, engine and request
+  shape when there are any (`closed_source` capacity: loaded runs on their own seeds, each
+  reproduced through the model, `_calibrate`), else 0 (`floor`: a decode step costs τ₁ at any
+  batch size, an upper bound on the throughput);
 - `given_x_*`: the closed model's structure with its capacity set so that its throughput equals
   the run's measured X (saturated runs only): the same input the fluid model takes, to compare
   the two structures apart from the capacity estimate.
@@ -155,15 +156,17 @@ DEFINITIONS = {
     "fluid_ttft_p50_s": "Eq. 8: SGLang's p50 in the same repetition + (T/2) delta/(1 - delta)",
     "fluid_run_ttft_p50_s": "Eq. 8 on the run alone: floor TTFT p50 + (T/2)(offered/X - 1), where X < 0.99 offered",
     "fluid_run_ttft_growth": "the open fluid model's wait growth, offered/X - 1",
-    "closed_source": "where the closed model's per-sequence step cost comes from: capacity (a saturation probe) or floor (0: a decode step costs the floor's TPOT at any batch size)",
-    "closed_slots": "requests in service at most: floor((KV tokens - prefix) / (unique prompt tokens + mean output)), capped by the engine's running-request limit",
+    "closed_source": "where the closed model's per-sequence step cost comes from: capacity (the saturated capacity probes of the run's arm, engine and request shape) or floor (0: a decode step costs the floor's TPOT at any batch size, an upper bound on the throughput)",
+    "closed_probes": "the saturated capacity probes the per-sequence cost is the median over",
+    "closed_slots": "requests in service at most: floor((KV tokens - prefix blocks - room to admit one) / (its own prompt blocks + half its output + half a block)) + 1, capped by the engine's running-request limit; raised where the probes need more (queueing.engine_slots)",
     "closed_per_seq_s": "c: decode step cost per further sequence in the batch (s)",
     "closed_capacity_rps": "mu(slots): the closed model's saturated throughput for the trace's mean output",
     "closed_throughput_rps": "X of the closed model on the run's trace (same window as the measurement)",
     "closed_ttft_p50_s": "TTFT p50 of the closed model on the run's trace",
     "closed_ttft_growth": "least-squares slope of the closed model's TTFT on release time",
     "fork_join_growth": "the fork-join approximation's wait growth a: X(1+a) = lambda sum_k m_k (1+a)^-k at X = closed_capacity_rps",
-    "given_x_ttft_p50_s": "the closed model with its capacity set so that its X equals the measured X (saturated runs only)",
+    "given_x_ttft_p50_s": "the closed model with its per-sequence cost set so that its X equals the measured X (saturated runs only): the fluid model's input through the closed structure",
+    "given_x_ttft_growth": "least-squares slope of that model's TTFT on release time",
     "ratio": "every *_ratio is predicted / measured",
 }
 
