@@ -331,6 +331,30 @@ def trace_manifests():
     ]
 
 
+def trace_files():
+    """The trace of every (condition, rep) the grid runs, in trace_manifests order."""
+    pairs = sorted({(run.condition, run.rep) for run in RUNS})
+    return [
+        rules.compile_trace.output.trace.format(condition=condition, rep=rep)
+        for condition, rep in pairs
+    ]
+
+
+def deployment_resolved_files():
+    """The resolved.json of every deployment the grid's runs use (the KV cache's size)."""
+    return [rules.deploy.output.resolved.format(deployment=d) for d in sorted(DEPLOYMENTS)]
+
+
+def queue_models_capacity():
+    """The capacity table when the config has a `capacity:` section: the capacity searches'
+    probes are the closed queueing model's saturated throughput."""
+    return ["results/capacity.csv"] if SEARCHES else []
+
+
+def capacity_search_dirs():
+    return [f"results/capacity/{search}" for search in SEARCHES]
+
+
 RESTART_REPS = [
     f"restart{k}" for k in range(1, config.get("restart", {}).get("repetitions", 0) + 1)
 ]
