@@ -447,6 +447,10 @@ class AnalysisSettings:
     # the campaign's engines in gap order (registry order); None: those the runs show
     engines: tuple[str, ...] | None = None
     table_conditions: tuple[str, ...] = STUDY_TABLE_CONDITIONS
+    # The control engine's configuration differs between the arms by design (an ablation that
+    # changes it in one arm: config/ablations/sglang-fcfs.yaml). Table 4 then compares its two
+    # configurations, with a note; when false (the study's design) a difference is refused.
+    control_differs: bool = False
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AnalysisSettings:
@@ -466,8 +470,13 @@ class AnalysisSettings:
         return cls(**given)
 
     def as_dict(self) -> dict[str, Any]:
-        """The plain mapping (sequences as lists): what rule params and a bundle's manifest hold."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """The plain mapping (sequences as lists): what rule params and a bundle's manifest hold.
+        `control_differs` only when true: a campaign that does not set it keeps the mapping (and
+        the analysis rules' params) it always had."""
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.control_differs:
+            del out["control_differs"]
+        return out
 
 
 @dataclass(frozen=True)
