@@ -12,31 +12,17 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-include: "workflow/rules/common.smk"
-include: "workflow/rules/trace.smk"
-include: "workflow/rules/deploy.smk"
-include: "workflow/rules/run.smk"
-include: "workflow/rules/telemetry.smk"
-include: "workflow/rules/restart.smk"
-include: "workflow/rules/defaults.smk"
-include: "workflow/rules/analysis.smk"
-include: "workflow/rules/status.smk"
-include: "workflow/rules/bundle.smk"
-include: "workflow/rules/capacity.smk"
-include: "workflow/rules/floor.smk"
-include: "workflow/rules/sim_vs_real.smk"
+include: "workflow/campaign.smk"
 
 
 rule all:
     default_target: True
     input:
-        tables=all_tables(),
-        defaults_diff=rules.defaults_diff.output.csv,
-        run_metrics=rules.run_metrics.output.csv,
-        floor=rules.floor.output.csv,
-        figures=rules.figures.output.figures,
-        numbers=rules.numbers.output.numbers,
-        checksums=rules.checksums.output.checksums,
+        **campaign_outputs(),
+
+
+# Every ablation of config/ablations/ (docs/ablations.md), and the target `ablations`.
+include: "workflow/rules/ablations.smk"
 
 
 onstart:
@@ -53,6 +39,8 @@ onsuccess:
     from servelab.workflow_io import requested_targets, summary_line
 
     stop_local_backend()
+    for ablation in ABLATIONS:  # an ablation on the local backend (none on sim)
+        stop_local_backend(ablation.results_dir, ablation.config["backend"])
     print(summary_line(requested_targets(workflow), workflow_started_s))
 
 
@@ -60,4 +48,6 @@ onerror:
     from servelab.workflow_io import requested_targets, summary_line
 
     stop_local_backend()
+    for ablation in ABLATIONS:  # an ablation on the local backend (none on sim)
+        stop_local_backend(ablation.results_dir, ablation.config["backend"])
     print(summary_line(requested_targets(workflow), workflow_started_s, failed=True))

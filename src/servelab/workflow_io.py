@@ -1,5 +1,6 @@
 """Helpers for the Snakemake side: route an adapter's logging to its rule's log
-(workflow/scripts), and the one line the workflow ends with (the Snakefile's handlers)."""
+(workflow/scripts), the one line the workflow ends with (the Snakefile's handlers), and whether
+the command asks for an ablation (workflow/rules/ablations.smk)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import contextlib
 import logging
 import sys
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["log_to", "requested_targets", "summary_line"]
+__all__ = ["ABLATIONS_ENV", "ablations_requested", "log_to", "requested_targets", "summary_line"]
+
+# Set to 1 to load every ablation whatever the command asks for (`snakemake --lint`, the API), to 0
+# to load none.
+ABLATIONS_ENV = "SERVELAB_ABLATIONS"
 
 # More files than this in one folder are named by the folder and their count (Figures: 28 files).
 FILES_NAMED_PER_FOLDER = 3
@@ -83,3 +88,14 @@ def _compact(paths: list[str]) -> str:
         else:
             named.extend(files)
     return ", ".join(named)
+
+
+def ablations_requested(argv: Iterable[str], environ: Mapping[str, str]) -> bool:
+    """Whether a snakemake command (its arguments after the program) asks for an ablation: a word
+    of it names one (the target `ablations`, a rule `ablation_*`, a path under
+    results/ablations/), or ABLATIONS_ENV is 1. Each ablation is the whole workflow again as a
+    module, parsed anew (seconds per ablation), so a command that asks for none loads none."""
+    forced = environ.get(ABLATIONS_ENV)
+    if forced is not None:
+        return forced.strip() == "1"
+    return any("ablation" in word for word in argv)

@@ -249,6 +249,38 @@ def test_table4_refuses_sglang_with_two_configurations(full: list[Path], tmp_pat
         write_table(4, dirs, tmp_path / "t4.csv")
 
 
+def test_table4_compares_two_configurations_when_the_control_differs_by_design(
+    full: list[Path], tmp_path: Path
+) -> None:
+    """analysis.control_differs (an ablation that changes the control engine in one arm): Table 4
+    is computed, and a note names both configurations."""
+    odd = tmp_path / "odd"
+    dirs = [d for d in full if "/matched/sglang/rate-0.12/" not in d.as_posix() + "/"]
+    for rep, p50 in zip(REPS, P50[("matched", "sglang", "rate-0.12")], strict=True):
+        spec = _spec("matched", "sglang", "rate-0.12", rep)
+        spec = RunSpec(**{**spec.__dict__, "chunk_size": 8192})
+        dirs.append(write_simple_run(odd / rep, spec, _ttfts(p50)))
+    settings = AnalysisSettings(control_differs=True)
+    write_table(4, dirs, tmp_path / "t4.csv", settings=settings)
+    rows = {(r["condition"], r["metric"]): r for r in csv.DictReader((tmp_path / "t4.csv").open())}
+    first, second = (
+        P50[("defaults", "sglang", "rate-0.12")],
+        P50[("matched", "sglang", "rate-0.12")],
+    )
+    expected = math.exp(np.mean(np.log(second)) - np.mean(np.log(first)))
+    assert float(rows[("rate-0.12", "ttft_p50")]["change_pct"]) == pytest.approx(
+        (expected - 1) * 100, abs=0.01
+    )
+    an = build_analysis(dirs, settings=settings)
+    an.table4_rows()
+    notes = an.notes()
+    assert any("configuration differs between the arms by design" in n for n in notes)
+    # The settings' mapping names the key only when it is set: the study's params are unchanged.
+    assert "control_differs" not in AnalysisSettings().as_dict()
+    assert settings.as_dict()["control_differs"] is True
+    assert AnalysisSettings.from_mapping(settings.as_dict()) == settings
+
+
 def test_numbers_hold_role_and_variability_values(full: list[Path]) -> None:
     an = build_analysis(full)
     g = an.group("matched", "vllm", "length-8192")

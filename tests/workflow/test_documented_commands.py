@@ -272,6 +272,11 @@ def extract_config_comments(text: str, name: str) -> list[DocCommand]:
     return found
 
 
+# The ablations' overlays (docs/ablations.md): their comments' commands are run too, and each
+# ablation must have a documented dry run.
+ABLATIONS = REPO / "config" / "ablations"
+
+
 def doc_files() -> list[Path]:
     return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
@@ -283,7 +288,7 @@ def documented() -> tuple[list[DocCommand], list[ShellBlock]]:
         found, shell_blocks = extract_markdown(path.read_text(), str(path.relative_to(REPO)))
         commands += found
         blocks += shell_blocks
-    for path in sorted((REPO / "config").glob("*.yaml")):
+    for path in [*sorted((REPO / "config").glob("*.yaml")), *sorted(ABLATIONS.glob("*.yaml"))]:
         commands += extract_config_comments(path.read_text(), str(path.relative_to(REPO)))
     return commands, blocks
 
@@ -609,6 +614,22 @@ def test_the_report_is_built_for_real_from_the_tiny_campaign(
     report = runner.campaign / "report.html"
     assert report.stat().st_size > 10_000
     assert "table5" in report.read_text(errors="replace")
+
+
+def test_every_ablation_has_a_documented_dry_run():
+    """`snakemake -n` of each ablation of config/ablations/ (its record, the last thing it writes)
+    and of the target `ablations` is shown, so each is run by test_documented_command_runs."""
+    from servelab.campaign.ablations import load_ablations
+
+    dry_runs = [
+        c.argv for c in COMMANDS if _normalized(c.argv)[0] == "snakemake" and "-n" in c.argv
+    ]
+    shown = {word for argv in dry_runs for word in argv}
+    ablations = load_ablations(REPO)
+    assert ablations, "config/ablations/ holds no ablation: the loader is broken"
+    missing = [a.id for a in ablations if f"{a.results_dir}/ablation.json" not in shown]
+    assert not missing, f"docs/ablations.md shows no `snakemake -n` of {missing}"
+    assert "ablations" in shown
 
 
 def test_each_command_not_run_has_a_reason_and_is_still_documented():

@@ -16,7 +16,7 @@ rule table3:
     params:
         number=3,
         settings=analysis_settings(),
-        run_dirs=run_dirs(RUNS),
+        run_dirs=run_dirs_of_input,
     message:
         "Table 3 (requests per run) -> {output.csv}"
     script:
@@ -37,7 +37,7 @@ rule table4:
     params:
         number=4,
         settings=analysis_settings(),
-        run_dirs=run_dirs(table4_runs()),
+        run_dirs=run_dirs_of_input,
     message:
         "Table 4 (SGLang under defaults and matched) -> {output.csv}"
     script:
@@ -62,7 +62,7 @@ rule table5:
     params:
         number=5,
         settings=analysis_settings(),
-        run_dirs=run_dirs(table5_runs()),
+        run_dirs=run_dirs_of_input,
     message:
         "Table 5 (the decomposition) -> {output.csv}"
     script:
@@ -83,7 +83,7 @@ rule table6:
     params:
         number=6,
         settings=analysis_settings(),
-        run_dirs=run_dirs(table5_runs()),
+        run_dirs=run_dirs_of_input,
     message:
         "Table 6 (TTFT dispersion) -> {output.csv}"
     script:
@@ -106,7 +106,7 @@ rule figures:
         "../../environment.yml"
     params:
         settings=analysis_settings(),
-        run_dirs=run_dirs(RUNS),
+        run_dirs=run_dirs_of_input,
         out_dir=figure_dir,
     message:
         "Figures 1 and 6-14"
@@ -131,7 +131,7 @@ rule numbers:
         "../../environment.yml"
     params:
         settings=analysis_settings(),
-        run_dirs=run_dirs(RUNS),
+        run_dirs=run_dirs_of_input,
     message:
         "numbers.json and analysis notes -> {output.numbers}"
     script:
@@ -158,7 +158,7 @@ rule run_metrics:
         exclude_first_graph=config["analysis"]["exclude_first_graph"],
         # USD per hour of the campaign's GPU node (config analysis.cost; null: no dollar figures)
         usd_per_node_hour=grid.node_usd_per_hour(config),
-        run_dirs=run_dirs(RUNS),
+        run_dirs=run_dirs_of_input,
     message:
         "every run's named latency metrics, goodput, SLO attainment, energy and cost per token -> {output.csv}"
     script:
@@ -204,7 +204,7 @@ rule verify:
         "../../environment.yml"
     params:
         settings=analysis_settings(),
-        run_dirs=run_dirs(RUNS),
+        run_dirs=run_dirs_of_input,
     message:
         "re-analyse from the run logs and compare byte for byte -> {output.verified}"
     script:

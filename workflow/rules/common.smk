@@ -306,6 +306,17 @@ def run_dirs(runs):
     return sorted({str(Path(path).parent) for path in run_files("run_json", runs)})
 
 
+def run_dirs_of_input(wildcards, input):
+    """The run folders of a rule's run.json inputs, sorted: run_dirs of the runs it reads, under
+    the folder its paths were given (results/, or results/ablations/ID/ in an ablation)."""
+    return sorted({str(Path(path).parent) for path in input.run_json})
+
+
+def run_dirs_in_order(wildcards, input):
+    """The run folders of a rule's run.json inputs, in input order."""
+    return [str(Path(path).parent) for path in input.run_json]
+
+
 # ----------------------------------------------------------------------------- analysis
 
 
@@ -447,6 +458,23 @@ def all_tables():
     ]
 
 
+def campaign_outputs(floor=True):
+    """What the target `all` builds: Tables 3-6, results/defaults_diff.csv, run_metrics.csv,
+    floor.csv (unless `floor` is false: an ablation's), the figures, numbers.json, checksums."""
+    outputs = {
+        "tables": all_tables(),
+        "defaults_diff": rules.defaults_diff.output.csv,
+        "run_metrics": rules.run_metrics.output.csv,
+        "floor": rules.floor.output.csv,
+        "figures": rules.figures.output.figures,
+        "numbers": rules.numbers.output.numbers,
+        "checksums": rules.checksums.output.checksums,
+    }
+    if not floor:
+        del outputs["floor"]
+    return outputs
+
+
 # ----------------------------------------------------------------------------- capacity
 
 
@@ -510,12 +538,14 @@ def print_capacity_cost():
 # ----------------------------------------------------------------------------- handlers
 
 
-def stop_local_backend():
-    """The local backend's sim servers and Prometheus outlive their jobs; stop them at the end."""
-    if config["backend"] == "local":
+def stop_local_backend(results="results", backend=None):
+    """The local backend's sim servers and Prometheus outlive their jobs; stop them at the end
+    (those of the results folder `results`, whose campaign's backend is `backend`, default this
+    configuration's)."""
+    if (backend or config["backend"]) == "local":
         from servelab.deploy.local import stop_all
 
-        for stopped in stop_all("results"):
+        for stopped in stop_all(results):
             print(f"stopped {stopped}")
 
 
@@ -570,8 +600,9 @@ def floor_trace_files(name):
     ]
 
 
-def cpu_platform_floor_runs():
-    """Every floor run as the fit reads it: its folder, its trace's folder and its deployment."""
+def cpu_platform_floor_runs(wildcards, input):
+    """Every floor run as the fit reads it: its folder, its trace's folder (of the rule's inputs,
+    in floor_run_files order) and its deployment."""
     return [
         {
             "run_dir": str(Path(run_json).parent),
@@ -582,8 +613,9 @@ def cpu_platform_floor_runs():
         }
         for (block, rep), run_json, trace in zip(
             [(block, rep) for block in FLOOR_BLOCKS.values() for rep in FLOOR_REPS],
-            floor_run_files("run.json"),
-            floor_trace_files("trace"),
+            input.run_json,
+            input.traces,
+            strict=True,
         )
     ]
 
@@ -615,8 +647,9 @@ def prediction_settings(wildcards):
     }
 
 
-def sim_vs_real_pairs():
-    """Every run of the grid, real and predicted, as analysis.sim_vs_real.RunPair fields."""
+def sim_vs_real_pairs(wildcards, input):
+    """Every run of the grid, real and predicted (the folders of the rule's inputs, in RUNS
+    order), as analysis.sim_vs_real.RunPair fields."""
     return [
         {
             "engine": run.engine,
@@ -625,14 +658,12 @@ def sim_vs_real_pairs():
             "rep": run.rep,
             "rate": float(CONDITIONS[run.condition].rate),
             "duration_s": float(CONDITIONS[run.condition].duration_s),
-            "real_dir": RUN_DIR.format(
-                arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep
-            ),
-            "predicted_dir": PREDICTED_DIR.format(
-                arm=run.arm, engine=run.engine, condition=run.condition, rep=run.rep
-            ),
+            "real_dir": str(Path(real).parent),
+            "predicted_dir": str(Path(predicted).parent),
         }
-        for run in RUNS
+        for run, real, predicted in zip(
+            RUNS, input.real_run_json, input.predicted_run_json, strict=True
+        )
     ]
 
 

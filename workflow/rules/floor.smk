@@ -64,7 +64,7 @@ rule floor:
     conda:
         "../../environment.yml"
     params:
-        run_dirs=[str(Path(path).parent) for path in floor_run_files("run.json")],
+        run_dirs=run_dirs_in_order,
     message:
         "every deployment's unloaded floor -> {output.csv}"
     script:

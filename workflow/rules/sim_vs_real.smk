@@ -17,7 +17,7 @@ rule cpu_platform:
     conda:
         "../../environment.yml"
     params:
-        floor_runs=cpu_platform_floor_runs(),
+        floor_runs=cpu_platform_floor_runs,
         gpu_memory_mib=int(config["gpu"]["memory_mib"]),
         model_preset=config["model"].get("preset"),
     message:
@@ -72,7 +72,7 @@ rule sim_vs_real:
     conda:
         "../../environment.yml"
     params:
-        pairs=sim_vs_real_pairs(),
+        pairs=sim_vs_real_pairs,
         keeps_pace=grid.analysis_settings(config)["keeps_pace"],
     message:
         "the simulator against the real engines -> {output.csv}"

@@ -478,10 +478,17 @@ class Analysis:
             reps = sorted(set(first) & set(second), key=rep_index)
             if first and second:
                 a, b = next(iter(first.values())), next(iter(second.values()))
-                if a.config_key != b.config_key:
+                if a.config_key != b.config_key and not self.settings.control_differs:
                     raise PoolingError(
                         f"Table 4 compares {engine_spec(control).title} under one configuration, but {a.run_id} resolved "
                         f"{a.config_key} and {b.run_id} resolved {b.config_key}"
+                    )
+                if a.config_key != b.config_key:
+                    self._notes[f"table4 {condition} configurations"] = (
+                        f"table4 {condition}: {engine_spec(control).title}'s configuration differs "
+                        "between the arms by design (analysis.control_differs): its change is the "
+                        f"configuration's and the platform's, {a.run_id} resolved {a.config_key}, "
+                        f"{b.run_id} resolved {b.config_key}"
                     )
             for rep in reps:
                 a, b = first[rep], second[rep]

@@ -22,7 +22,7 @@ from servelab.artifacts import (
 )
 from servelab.deploy import Backend, Deployed, NodeSlot, get_backend
 from servelab.deploy.manifests import render_deployment
-from servelab.engines import check_resolved, parse_startup_log
+from servelab.engines import check_resolved, kv_capacity_tokens, parse_startup_log
 from servelab.grid.config import gpu_nodes, node_slot
 
 __all__ = [
@@ -96,14 +96,25 @@ def backend_for(
 def gate(deployment: Mapping[str, Any], startup_log: str) -> dict[str, Any]:
     """The resolved-configuration gate (a servelab.deploy.Gate): the configuration the start-up
     log shows, read by the one parser; raises ResolvedConfigMismatch, quoting the log line, when
-    it is not the chunked-prefill setting (and chunk size) the deployment's arm expects."""
+    it is not the chunked-prefill setting (and chunk size) the deployment's arm expects, or, when
+    the arm expects them, not its schedule policy or KV capacity. A deployment that expects a KV
+    capacity has the one the log shows as `kv_capacity_tokens` in the returned configuration."""
     parsed = parse_startup_log(startup_log, engine=deployment["engine"])
+    expected_kv = deployment.get("expect_kv_capacity_tokens")
     check_resolved(
         parsed,
         expect_chunked_prefill=deployment["expect_chunked_prefill"],
         expect_chunk_size=deployment["expect_chunk_size"],
+        expect_schedule_policy=deployment.get("expect_schedule_policy"),
+        expect_kv_capacity_tokens=expected_kv,
+        kv_capacity_tolerance=float(deployment.get("expect_kv_capacity_tolerance") or 0.0),
     )
-    return dict(json.loads(parsed.to_json()))
+    resolved = dict(json.loads(parsed.to_json()))
+    if expected_kv is not None:
+        found = kv_capacity_tokens(parsed)
+        assert found is not None  # check_resolved refused a log that shows none
+        resolved["kv_capacity_tokens"] = found[0]
+    return resolved
 
 
 def confirm(deployment: Mapping[str, Any], deployed: Deployed) -> dict[str, Any]:

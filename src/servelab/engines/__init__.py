@@ -9,7 +9,7 @@ imports none of them. See docs/engines.md and docs/architecture.md.
 
 from servelab.engines.base import UnknownEngine
 from servelab.engines.flags import EngineFlags, FlagError, parse_flags
-from servelab.engines.gate import ResolvedConfigMismatch, check_resolved
+from servelab.engines.gate import ResolvedConfigMismatch, check_resolved, kv_capacity_tokens
 from servelab.engines.logparse import (
     CONFIG_FIELDS,
     ParsedLog,
@@ -71,6 +71,7 @@ __all__ = [
     "engine_names",
     "engine_spec",
     "engine_specs",
+    "kv_capacity_tokens",
     "parse_flags",
     "parse_metrics_text",
     "parse_startup_log",

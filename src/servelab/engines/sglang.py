@@ -620,6 +620,9 @@ OPENAI = OpenAIDialect(
 
 SPEC = EngineSpec(
     name="sglang",
+    # sglang/srt/server_args.py::ServerArgs.add_cli_args at v0.4.1 (`--mem-fraction-static`): the
+    # fraction ModelRunner.profile_max_num_token keeps for weights and the KV pool.
+    memory_fraction_flag="--mem-fraction-static",
     title="SGLang",
     product="sglang",
     family="0.4",

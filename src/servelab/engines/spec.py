@@ -132,6 +132,7 @@ class EngineSpec:
     its resolution only at a log level that also costs it time while serving (llama-server's trace
     level) is measured at the level it was given and confirmed from the probe start. `openai` is
     its OpenAI server's dialect (`OpenAIDialect`), which the live sim server speaks.
+    `memory_fraction_flag` is the flag of the engine's device-memory fraction (None: it has none).
 
     Release families: `product` is the engine as its users name it ("vllm"), `family` the release
     family within it ("V1"), `releases` the releases whose rules this spec implements (`version`,
@@ -167,6 +168,11 @@ class EngineSpec:
     cpu_version: str | None = None
     startup_probe: Callable[[Sequence[str]], list[str] | None] | None = None
     openai: OpenAIDialect = OpenAIDialect()
+    # The flag that sets the fraction of device memory the engine's memory rule budgets (vLLM's
+    # gpu_memory_utilization, SGLang's mem_fraction_static; ResolvedConfig.memory_fraction), None
+    # when the engine has none: what an ablation that equalises the KV capacity derives
+    # (servelab.campaign.ablations, docs/ablations.md).
+    memory_fraction_flag: str | None = None
 
     def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
         """The argument table of `version` (None: the reference release)."""

@@ -27,6 +27,8 @@ when chunking is on) from "Chunked prefill is enabled with max_num_batched_token
 explicit `max_num_batched_tokens=N` in the args line. `prefix_caching` and `context_len`
 (max_seq_len) from the engine line; context_len else from "Maximum concurrency for N tokens per
 request". `schedule_policy` from the args line's `scheduling_policy` (vLLM 0.6.3 uses it verbatim).
+Facts: `num_gpu_blocks` from "# GPU blocks: N" and `block_size` from the args line: the KV
+capacity in tokens is their product (what the gate checks when an arm expects a capacity).
 The args line's `None` values are configured, not resolved, and are never read. The 0.6.3 wheel
 ships no `vllm/_version.py`, so `vllm/version.py` prints "dev" (vllm issue #9421).
 
@@ -389,6 +391,10 @@ def _conclude(r: Reader, seen: _Seen) -> None:
             )
     if not r.has("context_len") and seen.concurrency is not None:
         r.put("context_len", seen.concurrency[1], seen.concurrency[0])
+    if args_line is not None and (f := field(args_body, "block_size", r"\d+")):
+        # The KV block's tokens: `# GPU blocks` times it is the KV capacity in tokens
+        # (vllm/engine/arg_utils.py::EngineArgs.block_size, 16 unless --block-size).
+        r.put("block_size", int(f.group(1)), args_line)
     if args_line is not None and (f := field(args_body, "scheduling_policy", r"'[\w-]+'")):
         r.put(
             "schedule_policy",
@@ -660,6 +666,9 @@ OPENAI = OpenAIDialect(
 
 SPEC = EngineSpec(
     name="vllm",
+    # vllm/engine/arg_utils.py::EngineArgs.add_cli_args at v0.6.3 (`--gpu-memory-utilization`,
+    # default 0.9): the fraction of total memory Worker.determine_num_available_blocks budgets.
+    memory_fraction_flag="--gpu-memory-utilization",
     title="vLLM",
     product="vllm",
     family="V0",
@@ -687,6 +696,7 @@ SPEC = EngineSpec(
         ),
         facts=(
             "num_gpu_blocks",
+            "block_size",
             "num_cpu_blocks",
             "max_concurrency",
             "weights_gib",

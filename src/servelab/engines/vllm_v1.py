@@ -546,6 +546,9 @@ def _capture_sizes(max_bs: int | None) -> list[int]:
 
 SPEC = EngineSpec(
     name="vllm_v1",
+    # vllm/engine/arg_utils.py at v0.33.0 (`--gpu-memory-utilization`, alias
+    # `--device-memory-utilization`; the generated flag table): the same budget as V0's.
+    memory_fraction_flag="--gpu-memory-utilization",
     title="vLLM V1",
     version=VERSION,
     printed_version=VERSION,

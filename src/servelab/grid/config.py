@@ -38,6 +38,7 @@ from servelab.grid.topology import graph_topologies, mean_requests_per_graph
 __all__ = [
     "ARMS",
     "LOCAL_CPU_ENGINES",
+    "OPTIONAL_EXPECTATIONS",
     "STUDY_TABLE_CONDITIONS",
     "Condition",
     "ConfigError",
@@ -50,6 +51,7 @@ __all__ = [
     "analysis_settings",
     "condition_id",
     "conditions",
+    "config_text",
     "deployments",
     "drop_removed_engines",
     "floor_blocks",
@@ -69,6 +71,10 @@ __all__ = [
 ]
 
 ARMS = ("defaults", "matched")
+# The optional keys of an arm's engine that an overlay removes by setting them to null.
+REMOVABLE_ARM_KEYS = ("flags_by_condition", "skip_conditions")
+# The arm expectations checked only when given (`expect:` beside chunked_prefill and chunk_size).
+OPTIONAL_EXPECTATIONS = ("schedule_policy", "kv_capacity_tokens", "kv_capacity_tolerance")
 SWEEP_PARAMETER = {"rate": "rate", "sharing": "sharing", "length": "prompt_tokens"}
 
 
@@ -112,6 +118,11 @@ class Deployment:
     flags: tuple[str, ...]
     expect_chunked_prefill: bool
     expect_chunk_size: int | None
+    # Expected only when the arm says so (`expect: {schedule_policy: ..., kv_capacity_tokens: ...}`,
+    # docs/ablations.md); None: not checked, and absent from the deployment's record.
+    expect_schedule_policy: str | None = None
+    expect_kv_capacity_tokens: int | None = None
+    expect_kv_capacity_tolerance: float | None = None
 
     @property
     def id(self) -> str:
@@ -472,15 +483,25 @@ def _runs_simulated(config: Mapping[str, Any], engine: str) -> bool:
 
 
 def drop_removed_engines(config: dict[str, Any]) -> dict[str, Any]:
-    """Remove every engine set to null, under `engines:` and each arm's `engines:` (in place).
+    """Remove every engine set to null, under `engines:` and each arm's `engines:`, and an arm
+    engine's `flags_by_condition` or `skip_conditions` set to null (in place).
 
     A `--configfile` laid over config/config.yaml cannot delete a key, since Snakemake merges
-    mappings, so a campaign of other engines names the study's as `vllm: null` (config/llamacpp.yaml).
+    mappings, so a campaign of other engines names the study's as `vllm: null` (config/llamacpp.yaml),
+    and a grid without the study's 8,192-token condition drops SGLang's flags for it with
+    `flags_by_condition: null` (config/ablations/matched-sharing.yaml).
     """
     for section in [config.get("engines"), *[a.get("engines") for a in _arm_specs(config)]]:
         if isinstance(section, dict):
             for name in [n for n, value in section.items() if value is None]:
                 del section[name]
+    for arm in _arm_specs(config):
+        engines = arm.get("engines")
+        for espec in engines.values() if isinstance(engines, dict) else ():
+            if isinstance(espec, dict):
+                for key in REMOVABLE_ARM_KEYS:
+                    if key in espec and espec[key] is None:
+                        del espec[key]
     return config
 
 
@@ -502,6 +523,7 @@ def analysis_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         engines=tuple(e for e in engine_names() if e in config["engines"]),
         table_conditions=tuple(section.get("table_conditions", STUDY_TABLE_CONDITIONS)),
         multiplicity=section.get("multiplicity", AnalysisSettings.multiplicity),
+        control_differs=bool(section.get("control_differs", False)),
     )
     return settings.as_dict()
 
@@ -516,6 +538,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return config
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """A configuration as YAML that `read_config_file` reads back to the same mapping (keys in
+    their order, block style): an ablation's merged configuration, written beside its results."""
+    return str(yaml.safe_dump(dict(config), sort_keys=False, allow_unicode=True, width=100))
 
 
 def prepare_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -618,14 +646,19 @@ def deployment_for(config: Mapping[str, Any], arm: str, engine: str, condition: 
         flags=tuple(flags),
         expect_chunked_prefill=bool(espec["expect"]["chunked_prefill"]),
         expect_chunk_size=espec["expect"].get("chunk_size"),
+        expect_schedule_policy=espec["expect"].get("schedule_policy"),
+        expect_kv_capacity_tokens=espec["expect"].get("kv_capacity_tokens"),
+        expect_kv_capacity_tolerance=espec["expect"].get("kv_capacity_tolerance"),
     )
 
 
 def deployment_record(config: Mapping[str, Any], deployment: Deployment) -> dict[str, Any]:
     """A deployment as the deploy and run jobs get it: id, arm, engine, flags, the engine's image
-    and port, and the chunked-prefill setting its arm expects."""
+    and port, and the chunked-prefill setting its arm expects; the schedule policy and KV capacity
+    only when the arm expects them (so a deployment that expects neither has the record, and the
+    identity, it always had)."""
     engine = config["engines"][deployment.engine]
-    return {
+    record: dict[str, Any] = {
         "deployment_id": deployment.id,
         "arm": deployment.arm,
         "engine": deployment.engine,
@@ -635,6 +668,11 @@ def deployment_record(config: Mapping[str, Any], deployment: Deployment) -> dict
         "expect_chunked_prefill": deployment.expect_chunked_prefill,
         "expect_chunk_size": deployment.expect_chunk_size,
     }
+    for key in OPTIONAL_EXPECTATIONS:
+        value = getattr(deployment, f"expect_{key}")
+        if value is not None:
+            record[f"expect_{key}"] = value
+    return record
 
 
 def vendor_default_flags(config: Mapping[str, Any], engine: str) -> tuple[str, ...]:

@@ -453,6 +453,10 @@ class AnalysisSettings:
     table_conditions: tuple[str, ...] = STUDY_TABLE_CONDITIONS
     # the adjustment of the campaign's paired tests for their number (MULTIPLICITY_RULES)
     multiplicity: str = "none"
+    # The control engine's configuration differs between the arms by design (an ablation that
+    # changes it in one arm: config/ablations/sglang-fcfs.yaml). Table 4 then compares its two
+    # configurations, with a note; when false (the study's design) a difference is refused.
+    control_differs: bool = False
 
     def __post_init__(self) -> None:
         if self.multiplicity not in MULTIPLICITY_RULES:
@@ -479,8 +483,13 @@ class AnalysisSettings:
         return cls(**given)
 
     def as_dict(self) -> dict[str, Any]:
-        """The plain mapping (sequences as lists): what rule params and a bundle's manifest hold."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        """The plain mapping (sequences as lists): what rule params and a bundle's manifest hold.
+        `control_differs` only when true: a campaign that does not set it keeps the mapping (and
+        the analysis rules' params) it always had."""
+        out = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.control_differs:
+            del out["control_differs"]
+        return out
 
 
 @dataclass(frozen=True)

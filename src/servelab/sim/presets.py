@@ -82,12 +82,25 @@ class ModelPreset:
         return 0 if self.bos_token_id is None else 1
 
 
+# Sources. Peak dense BF16 tensor throughput and DRAM bandwidth: the vendors' data sheets, "with
+# sparsity" figures halved. Total memory: nvidia-smi's memory.total, as the engines' rules read it
+# (SGLang's chunk size and graph batch by < 25,000 MiB; vLLM V1's batch defaults by >= 70 GiB), from
+# public nvidia-smi outputs; the totals of all four GPUs below are listed together in
+# github.com/modal-labs/modal-client pull request #2797 (2025-01-23: H100 81559 MiB, A100 80GB
+# 81920 MiB, A100 40GB 40960 MiB, L4 23034 MiB). L2: the architecture white papers.
 GPUS: dict[str, GpuPreset] = {
     # NVIDIA L4 (Ada AD104): 242 TFLOPS BF16 with sparsity -> 121 dense; 300 GB/s GDDR6; 23034 MiB in nvidia-smi.
     "L4": GpuPreset("L4", 121e12, 300e9, 23034, 48 * 2**20),
-    # A100 SXM4 80GB: 312 TFLOPS dense BF16, 2039 GB/s HBM2e.
+    # A100 SXM4 40GB (Ampere GA100): 312 TFLOPS dense BF16 (624 with sparsity), 1,555 GB/s HBM2
+    # (NVIDIA A100 Tensor Core GPU data sheet, nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf);
+    # 40 MB L2 (NVIDIA Ampere GA100 architecture white paper); 40960 MiB in nvidia-smi.
+    "A100-40GB": GpuPreset("A100-40GB", 312e12, 1555e9, 40960, 40 * 2**20),
+    # A100 SXM4 80GB: 312 TFLOPS dense BF16, 2,039 GB/s HBM2e (the same data sheet, "A100 80GB
+    # SXM"); 40 MB L2; 81920 MiB in nvidia-smi.
     "A100-80GB": GpuPreset("A100-80GB", 312e12, 2039e9, 81920, 40 * 2**20),
-    # H100 SXM5 80GB: 989 TFLOPS dense BF16, 3350 GB/s HBM3; nvidia-smi reports 81559 MiB.
+    # H100 SXM5 80GB (Hopper GH100): 989 TFLOPS dense BF16 (1,979 with sparsity), 3.35 TB/s HBM3
+    # (NVIDIA H100 Tensor Core GPU data sheet, "H100 SXM"); 50 MB L2 (NVIDIA H100 Tensor Core GPU
+    # architecture white paper); nvidia-smi reports 81559 MiB.
     "H100-80GB": GpuPreset("H100-80GB", 989e12, 3350e9, 81559, 50 * 2**20),
     # The CPU platform (real engines on this machine class): no roofline, each engine's step
     # time is fitted from its unloaded floor (servelab.sim.cpu_platform, config gpu.step_cost);
