@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,9 +99,9 @@ def test_many_workers_get_padded_sortable_ids() -> None:
     assert workers[0] == "g00000-w01" and workers == sorted(workers)
 
 
-def test_graph_rows_drive_the_shared_release_logic() -> None:
-    rows = graph_rows(np.array([3.0]), np.array([0.1, 0.2, 0.3, 0.4]), 4, CAPS)
-    tracker = ReleaseTracker(
+def trace_requests(rows: Any) -> list[TraceRequest]:
+    """The release-relevant part of each of `graph_rows`' rows."""
+    return [
         TraceRequest(
             rows.request_id[i],
             int(rows.graph_id[i]),
@@ -111,7 +112,12 @@ def test_graph_rows_drive_the_shared_release_logic() -> None:
             int(rows.max_tokens[i]),
         )
         for i in range(len(rows))
-    )
+    ]
+
+
+def test_graph_rows_drive_the_shared_release_logic() -> None:
+    rows = graph_rows(np.array([3.0]), np.array([0.1, 0.2, 0.3, 0.4]), 4, CAPS)
+    tracker = ReleaseTracker(trace_requests(rows))
     assert tracker.initial() == [(3.0, "g00000-planner")]
     released = tracker.finish("g00000-planner", 5.0)
     assert sorted(released) == [
@@ -129,18 +135,7 @@ def test_a_dependant_is_due_at_its_latest_predecessor_not_the_last_reported() ->
     # the paced client reads its streams in batches, so it may learn that w2 ended (kernel stamp
     # 7.0) before it learns that w1 ended earlier (6.9): the aggregator is due at 7.0, not 6.9
     rows = graph_rows(np.array([0.0]), np.zeros(2), 2, CAPS)
-    tracker = ReleaseTracker(
-        TraceRequest(
-            rows.request_id[i],
-            int(rows.graph_id[i]),
-            rows.role[i],
-            float(rows.arrival_s[i]),
-            tuple(rows.depends_on[i]),
-            float(rows.tool_delay_s[i]),
-            int(rows.max_tokens[i]),
-        )
-        for i in range(len(rows))
-    )
+    tracker = ReleaseTracker(trace_requests(rows))
     tracker.finish("g00000-planner", 1.0)
     assert tracker.finish("g00000-w2", 7.0) == []
     assert tracker.finish("g00000-w1", 6.9) == [(7.0, "g00000-aggregator")]
