@@ -452,3 +452,51 @@ def test_chunk_times_are_the_kernels_not_when_the_loop_read_them(
     # read times would scatter the gaps by the batching's 20-60 ms, most of them
     error = np.abs(gaps - 0.1)
     assert np.median(error) < 0.005 and np.percentile(error, 90) < 0.015, gaps
+
+
+def test_the_clock_offset_comes_from_the_least_disturbed_read() -> None:
+    """Three bracketed reads of the realtime clock; in the first the thread was preempted for
+    300 us between the realtime read and the closing monotonic read. A single read (the old way)
+    would put every kernel stamp 150 us late; the narrowest bracket gives the true offset."""
+    true_offset = 1_000.0
+    monotonic = iter([0.0, 0.0003, 1.0, 1.000002, 2.0, 2.000004])  # before, after each read
+    reals = iter([0.0 + true_offset, 1.000001 + true_offset, 2.000002 + true_offset])
+    offset = paced_module.realtime_minus_monotonic(
+        realtime=reals.__next__, monotonic=monotonic.__next__, samples=3
+    )
+    assert offset == pytest.approx(true_offset, abs=1e-9)
+    loose = paced_module.realtime_minus_monotonic(
+        realtime=lambda: 5.0 + true_offset, monotonic=iter([5.0, 5.0003]).__next__, samples=1
+    )
+    assert loose == pytest.approx(true_offset - 0.00015, abs=1e-9)
+
+
+def test_a_kernel_stamp_is_never_later_than_its_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the realtime offset wrong by 0.5 s (every stamp would land half a second in the
+    future), each request still ends no later than the loop read its last bytes: a dependent
+    is never held for a time that has not come, and the trace starts after its warm-ups end."""
+    right = paced_module.realtime_minus_monotonic()
+    monkeypatch.setattr(paced_module, "realtime_minus_monotonic", lambda: right - 0.5)
+    trace = [
+        TraceRequest("r0", 0, "planner", 0.0, (), 0.0, 3),
+        TraceRequest("r1", 0, "worker", 0.0, ("r0",), 0.0, 3),
+    ]
+    warm = [RequestSpec("warmup-00", -1, "warmup", True, 3, [1, 2, 3])]
+    with sim_server() as srv:
+        result = Dispatcher(
+            base_url=srv.base_url,
+            model="m",
+            trace=trace,
+            prompts={r.request_id: [7, 8, 9] for r in trace},
+            warmup=warm,
+            health_timeout_s=5.0,
+            request_timeout_s=10.0,
+            client="paced",
+            count_tokens=lambda texts: [1] * len(texts),
+        ).run()
+    by_id = {r.request_id: r for r in result.records}
+    assert all(r.status == "ok" for r in result.records), result.records
+    assert result.trace_start_s >= by_id["warmup-00"].finished_s
+    # unclamped, every end would come 0.5 s after its bytes did, and r1 would wait for r0's
+    assert by_id["r0"].finished_s - result.trace_start_s < 0.25
+    assert by_id["r1"].scheduled_s - result.trace_start_s < 0.25

@@ -28,8 +28,8 @@ loop read in batches: the stream sockets sit in an epoll set of their own, which
 when it turns readable less than `COALESCE_S` after the last batch, the next batch waits until
 then. An engine emits to all its streams at the end of each iteration, and one wake-up then reads
 many of them (on a virtual machine a wake-up costs tens of microseconds of CPU). A request's end
-(`finished_s`, which releases its dependents) is its last bytes' kernel time too. Where the kernel
-gives no stamp, the read's own time is used.
+(`finished_s`, which releases its dependents) is its last bytes' kernel time too (never later than
+the read that took them). Where the kernel gives no stamp, the read's own time is used.
 
 A server may close a keep-alive connection just after a complete response although it announced
 keep-alive. llama.cpp's llama-server closes every connection after a streamed response: its chunked
@@ -91,6 +91,28 @@ _ERROR_BODY_MAX = 300
 REQUEST_ID_HEADER = "X-Request-Id"
 _DISCONNECTED = "RemoteProtocolError: Server disconnected without sending a response."
 _INCOMPLETE = "RemoteProtocolError: peer closed connection without sending complete message body"
+
+
+def realtime_minus_monotonic(
+    realtime: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.perf_counter,
+    samples: int = 9,
+) -> float:
+    """CLOCK_REALTIME minus the run clock's CLOCK_MONOTONIC, from the tightest of `samples` reads.
+
+    Each sample brackets a realtime read between two monotonic reads. A thread preempted inside
+    one pair would put every kernel stamp of the run late by the preemption (on a loaded machine,
+    hundreds of microseconds, later than the loop's own reads): the narrowest bracket is the one
+    least disturbed, and its midpoint is the estimate.
+    """
+    best_width, best_offset = float("inf"), 0.0
+    for _ in range(samples):
+        before = monotonic()
+        real = realtime()
+        after = monotonic()
+        if after - before < best_width:
+            best_width, best_offset = after - before, real - (before + after) / 2
+    return best_offset
 
 
 def request_bytes(base_url: str, body: bytes, request_id: str) -> bytes:
@@ -254,8 +276,8 @@ class PacedClient:
     def go(self, clock_origin: float) -> None:
         assert self._pacer is not None
         # the kernel stamps received bytes on CLOCK_REALTIME, the run clock is perf_counter's
-        # (CLOCK_MONOTONIC): the two are read back to back once (they are disciplined alike)
-        self._real_origin = clock_origin + (time.time() - time.perf_counter())
+        # (CLOCK_MONOTONIC), and NTP disciplines them alike: their offset is read once
+        self._real_origin = clock_origin + realtime_minus_monotonic()
         self._pacer.go(clock_origin)
 
     def push(self, items: Sequence[tuple[float, str]]) -> None:
@@ -423,11 +445,14 @@ class PacedClient:
                 self._fail(conn, _DISCONNECTED if conn.status == 0 else _INCOMPLETE)
             return
         conn.received += len(data)
+        read_s = self._clock()
         if ancillary:  # (SOL_SOCKET, SCM_TIMESTAMPNS, struct timespec)
             seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
-            conn.now = seconds - self._real_origin + nanoseconds * 1e-9
+            # bytes cannot arrive after they are read: the bound holds if the offset is off
+            # by a few microseconds or the realtime clock is stepped during the run
+            conn.now = min(seconds - self._real_origin + nanoseconds * 1e-9, read_s)
         else:
-            conn.now = self._clock()
+            conn.now = read_s
         try:
             conn.parser.feed_data(data)
         except httptools.HttpParserError as exc:
