@@ -363,3 +363,18 @@ def test_the_configuration_an_ablation_ran_is_written_back_as_it_is_read(
         again = read_config_file(path)
         assert again == ablation.config
         assert prepare_config(again) == ablation.config
+
+
+def test_every_gpu_preset_is_cited_with_its_numbers() -> None:
+    """Each GPU of the cost model states its data-sheet FLOPs and bandwidth and its nvidia-smi
+    memory in docs/simulator.md (and presets.py cites the sheet beside each constant)."""
+    doc = " ".join((REPO / "docs" / "simulator.md").read_text().split())
+    source = (REPO / "src" / "servelab" / "sim" / "presets.py").read_text()
+    for name, gpu in GPUS.items():
+        if name == "CPU":
+            continue
+        assert f"{gpu.peak_bf16_flops / 1e12:.0f} TFLOPS" in doc, name
+        assert f"{gpu.mem_bandwidth / 1e9:,.0f} GB/s" in doc, name
+        assert f"{gpu.memory_mib:,}" in doc, name
+        assert f'"{name}": GpuPreset(' in source
+    assert "data sheet" in source and "modal-labs/modal-client pull request #2797" in source
