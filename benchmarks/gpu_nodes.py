@@ -69,7 +69,13 @@ WALL_CLOCK = {
 }
 
 
-def config_for(nodes: int, duration_s: float) -> dict[str, Any]:
+# A flag that changes no measurement but gives each (arm, engine, condition) a deployment of its
+# own: the engine's random seed (vLLM `--seed`, SGLang `--random-seed`; both in the registry's
+# argparse tables, servelab.engines._cli_tables). Greedy sampling does not read it.
+SEED_FLAG = {"vllm": "--seed", "sglang": "--random-seed"}
+
+
+def config_for(nodes: int, duration_s: float, grid: str = "study") -> dict[str, Any]:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     config["backend"] = "local"
     config["repetitions"] = 1
@@ -89,6 +95,13 @@ def config_for(nodes: int, duration_s: float) -> dict[str, Any]:
     matched["conditions"] = "all"
     matched["engines"]["sglang"].pop("flags_by_condition", None)
     matched["engines"]["sglang"].pop("skip_conditions", None)
+    if grid == "per-condition":
+        # twelve deployments of equal length, so that N = 2 and N = 3 both divide them evenly
+        for arm in config["arms"].values():
+            for engine, espec in arm["engines"].items():
+                espec["flags_by_condition"] = {
+                    f"rate-{r:.2f}": [f"{SEED_FLAG[engine]}={k}"] for k, r in enumerate(RATES)
+                }
     config["dispatch"].update(warmup_requests=2, health_timeout_s=60)
     config["campaign"].update(gpu_nodes=nodes, pause_between_runs_s=0, faults=[])
     return config
@@ -213,6 +226,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--duration", type=float, default=12.0)
+    parser.add_argument(
+        "--grid",
+        choices=("study", "per-condition"),
+        default="study",
+        help="study: one deployment per (arm, engine), four in all; per-condition: one per "
+        "(arm, engine, condition), twelve of equal length",
+    )
     parser.add_argument("--keep", type=Path, help="run under this folder and keep it")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument(
@@ -231,12 +251,17 @@ def main() -> int:
         "load_1m_before": os.getloadavg()[0],
     }
     print(f"machine: {machine}")
-    figures: dict[str, Any] = {"machine": machine, "rates": RATES, "duration_s": args.duration}
+    figures: dict[str, Any] = {
+        "machine": machine,
+        "rates": RATES,
+        "duration_s": args.duration,
+        "grid": args.grid,
+    }
     works: dict[int, Path] = {}
     for n in args.nodes:
         work = root / f"nodes-{n}"
         shutil.rmtree(work, ignore_errors=True)
-        config = config_for(n, args.duration)
+        config = config_for(n, args.duration, args.grid)
         wall = run_campaign(work, copy.deepcopy(config), cores=max(n, 1) + 1)
         works[n] = work
         row = row_for(work, wall)

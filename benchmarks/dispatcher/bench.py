@@ -220,7 +220,10 @@ def run_rate(
     workers: int = 1,
     client: str = "paced",
     capture: bool = False,
+    probes: bool = True,
 ) -> dict:
+    """One run at `rate`. With `probes` (one dispatcher alone), the pacer alone and cyclictest run
+    beside it; N dispatchers side by side (`--dispatchers`) run without them."""
     n = int(rate * duration)
     trace = [
         TraceRequest(f"r{i:06d}", i, "planner", i / rate, (), 0.0, max_tokens) for i in range(n)
@@ -242,8 +245,9 @@ def run_rate(
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     probe = ctx.Process(target=_pacer_alone, args=(rate, duration, child), daemon=True)
-    probe.start()
-    cyclic = _cyclictest(rate, duration)
+    if probes:
+        probe.start()
+    cyclic = _cyclictest(rate, duration) if probes else None
     pcap = f"/tmp/servelab-bench-{os.getpid()}.pcapng"
     dumpcap = _start_capture(int(url.rsplit(":", 1)[1]), pcap) if capture else None
     wall0 = time.perf_counter()
@@ -270,8 +274,9 @@ def run_rate(
             for r in sent
             if r.request_id in packets
         ]
-    alone = np.array(parent.recv() if parent.poll(60) else [np.nan])
-    probe.join(10)
+    alone = np.array(parent.recv() if probes and parent.poll(60) else [np.nan])
+    if probes:
+        probe.join(10)
     floor_kernel = _histogram_quantiles(cyclic.communicate(timeout=60)[0]) if cyclic else {}
     stats1 = httpx.get(f"{url}/servelab/stats").json()
     true_itl = (stats1["busy_interval_s"] - stats0["busy_interval_s"]) / (
@@ -320,6 +325,32 @@ def run_rate(
     }
 
 
+def _one_of_many(
+    url: str, rate: float, duration: float, max_tokens: int, client: str, conn
+) -> None:
+    conn.send(run_rate(url, rate, duration, max_tokens, client=client, probes=False))
+
+
+def run_side_by_side(urls: list[str], rate: float, duration: float, max_tokens: int, client: str):
+    """N dispatchers, each in a process of its own against a server of its own, at `rate` each,
+    started together: the campaign's N node slots on one machine (issue 27). One row each."""
+    ctx = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    for url in urls:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(
+            target=_one_of_many, args=(url, rate, duration, max_tokens, client, child)
+        )
+        proc.start()
+        pipes.append(parent)
+        procs.append(proc)
+    rows = []
+    for parent, proc in zip(pipes, procs, strict=True):
+        rows.append(parent.recv() if parent.poll(duration + 120) else {"error": "no result"})
+        proc.join(10)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--engine", default="vllm", choices=("vllm", "sglang"))
@@ -332,6 +363,12 @@ def main() -> None:
     ap.add_argument("--search", action="store_true", help="find the highest rate within 10%% ITL")
     ap.add_argument("--port", type=int, default=18931)
     ap.add_argument(
+        "--dispatchers",
+        type=int,
+        default=1,
+        help="N dispatchers side by side, each against its own server on port, port+1, ...",
+    )
+    ap.add_argument(
         "--capture", action="store_true", help="also time each request on the wire (dumpcap)"
     )
     args = ap.parse_args()
@@ -340,6 +377,26 @@ def main() -> None:
             {"nproc": os.cpu_count(), "python": sys.version.split()[0], "loadavg": os.getloadavg()}
         )
     )
+    if args.dispatchers > 1:
+        ports = [args.port + k for k in range(args.dispatchers)]
+        servers = [start_server(args.engine, args.itl_ms, port) for port in ports]
+        try:
+            for rate in args.rates:
+                rows = run_side_by_side(
+                    [f"http://127.0.0.1:{p}" for p in ports],
+                    rate,
+                    args.duration,
+                    args.max_tokens,
+                    args.client,
+                )
+                for k, row in enumerate(rows):
+                    out = {"dispatcher": k, "dispatchers": args.dispatchers, **row}
+                    print(json.dumps({**out, "loadavg_1m": os.getloadavg()[0]}), flush=True)
+        finally:
+            for server in servers:
+                server.terminate()
+                server.wait(10)
+        return
     proc = start_server(args.engine, args.itl_ms, args.port)
     url = f"http://127.0.0.1:{args.port}"
     try:

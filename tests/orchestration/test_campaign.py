@@ -150,16 +150,22 @@ def test_sigkill_mid_campaign_resumes_with_nothing_lost_or_redone(workdir):
 
     # Nothing half-written under a final name: every final artifact present is readable.
     results = workdir.path / "results"
+    # A run measured before the kill is not measured again: its file afterwards is the same inode
+    # (published as a hard link of its sealed measurement; a new measurement is a new file) with
+    # the same bytes. Not its mtime: a kill that lands after a block published its runs but before
+    # Snakemake recorded the job complete makes the job run again, which publishes the sealed
+    # measurements once more, and Snakemake touches a finished job's outputs.
     done_before = {}
     for run_json in results.glob("runs/**/run.json"):
-        done_before[run_json] = run_json.stat().st_mtime_ns
+        done_before[run_json] = (run_json.stat().st_ino, run_json.read_bytes())
         json.loads(run_json.read_text())
     for parquet in results.glob("**/*.parquet"):
         pq.read_table(parquet)
 
     result = workdir.snakemake(*targets)
     assert result.returncode == 0, result.stderr[-3000:]
-    for run_json, mtime in done_before.items():
-        assert run_json.stat().st_mtime_ns == mtime, f"{run_json} was redone"
+    for run_json, (inode, content) in done_before.items():
+        assert run_json.stat().st_ino == inode, f"{run_json} was measured again"
+        assert run_json.read_bytes() == content, f"{run_json} changed"
     for t in targets:
         assert (workdir.path / t).is_file()

@@ -78,15 +78,20 @@ def test_the_jobs_command_killed_and_run_again_on_its_volume_redoes_nothing(tmp_
     os.killpg(first.pid, signal.SIGKILL)  # a deleted pod: every process of it, at once
     first.wait(timeout=30)
 
-    finished = {p: p.stat().st_mtime_ns for p in (volume / "results").glob("runs/**/run.json")}
+    # the same measurement is the same inode and bytes (a resumed job publishes a sealed run again
+    # as a hard link, and Snakemake touches a finished job's outputs: not the mtime)
+    finished = {
+        p: (p.stat().st_ino, p.read_bytes()) for p in (volume / "results").glob("runs/**/run.json")
+    }
     assert finished and all(json.loads(p.read_text()) for p in finished)
     left = [target for target in TARGETS if not (volume / target).is_file()]
     assert left, "the campaign finished before the kill: nothing was left to resume"
 
     again = subprocess.run(command, cwd=checkout, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    for path, mtime in finished.items():
-        assert path.stat().st_mtime_ns == mtime, f"{path} was measured again"
+    for path, (inode, content) in finished.items():
+        assert path.stat().st_ino == inode, f"{path} was measured again"
+        assert path.read_bytes() == content, f"{path} changed"
     for target in TARGETS:
         assert (volume / target).is_file(), target
     # Everything the campaign wrote is on the volume: the checkout's two folders are still links.

@@ -205,3 +205,26 @@ def test_without_numbers_json_the_engines_are_those_whose_runs_lie_beside_it(
     for arm, engine in (("defaults", "llamacpp"), ("matched", "vllm_v1"), ("defaults", "vllm_v1")):
         (table5_csv.parent / "runs" / arm / engine).mkdir(parents=True, exist_ok=True)
     assert "vLLM V1 ÷ llama.cpp (latency)" in show.show_table(table5_csv)
+
+
+def test_a_table_with_holm_columns_is_starred_by_them_and_says_so(tmp_path: Path) -> None:
+    """With analysis.multiplicity: holm the analysis appends *_p_holm: the stars are read from
+    those, and the legend names the rule (and, from numbers.json, how many tests it counted)."""
+    rows = (dict(ROWS[0], defaults_p_holm="0.02", matched_p_holm="0.3"), dict(ROWS[1]))
+    rows[1].update(defaults_p_holm="", matched_p_holm="0.9")
+    columns = [*TABLE5_COLUMNS, "defaults_p_holm", "matched_p_holm"]
+    path = write_csv(tmp_path / "table5.csv", rows, columns)
+    text = show.show_table(path)
+    line = next(x for x in text.splitlines() if x.startswith("rate-0.28"))
+    assert "31.4* " in line  # raw p 0.0009 (***), Holm 0.02 (*)
+    assert "1.50 " in line and "1.50*" not in line  # raw 0.049 (*), Holm 0.3
+    assert "p Holm-adjusted (Holm 1979) over the campaign's paired tests" in text
+    assert "not corrected" not in text
+    (tmp_path / "numbers.json").write_text(
+        json.dumps({"engines": ["vllm", "sglang"], "multiplicity": {"rule": "holm", "tests": 64}})
+    )
+    assert "over the campaign's 64 paired tests (multiplicity: holm)" in show.show_table(path)
+
+
+def test_without_holm_columns_the_legend_says_no_correction(table5_csv: Path) -> None:
+    assert "not corrected for multiple tests (multiplicity: none)" in show.show_table(table5_csv)

@@ -435,7 +435,8 @@ def test_chunk_times_are_the_kernels_not_when_the_loop_read_them(
     """Two streams 30 ms apart from a 100 ms engine, with reads batched at most every 60 ms
     (COALESCE_S raised from 1 ms): the loop reads many chunks 30-60 ms after they came, yet every
     chunk's time is when it arrived, so each stream's chunks stay 100 ms apart (to the server's own
-    jitter, a few ms on a busy machine).
+    jitter: a few ms, more for the odd iteration on a machine busy with other tests, hence the
+    median and the 90th percentile rather than the maximum).
     (A batch window longer than the engine's own interval would read two chunks of one stream at
     once, under one stamp: hence 1 ms.)"""
     monkeypatch.setattr(paced_module, "COALESCE_S", 0.06)
@@ -448,5 +449,6 @@ def test_chunk_times_are_the_kernels_not_when_the_loop_read_them(
     assert all(r.status == "ok" for r in result.records)
     gaps = np.concatenate([np.diff(r.chunk_times_s[1:]) for r in result.records])
     assert len(gaps) >= 12
-    # read times would scatter the gaps by the batching's 30-60 ms
-    assert np.abs(gaps - 0.1).max() < 0.015, gaps
+    # read times would scatter the gaps by the batching's 20-60 ms, most of them
+    error = np.abs(gaps - 0.1)
+    assert np.median(error) < 0.005 and np.percentile(error, 90) < 0.015, gaps

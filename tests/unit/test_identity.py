@@ -20,6 +20,36 @@ def test_every_settings_key_is_classified_exactly_once() -> None:
         assert set(classes.values()) <= {identity.IDENTITY, identity.OPERATIONAL}
 
 
+def test_every_key_that_defines_a_trace_is_classified_as_identity() -> None:
+    """`workload`, a condition and its imported `trace`: every key of the schema, once."""
+    schema = _schema_file()["properties"]
+    item = schema["conditions"]["items"]
+    sections = {
+        "workload": schema["workload"]["properties"],
+        "conditions": item["properties"],
+        "conditions.trace": item["properties"]["trace"]["properties"],
+    }
+    assert set(identity.TRACE_CLASSIFICATION) == set(sections)
+    for section, keys in sections.items():
+        assert set(identity.TRACE_CLASSIFICATION[section]) == set(keys), section
+        assert set(identity.TRACE_CLASSIFICATION[section].values()) == {identity.IDENTITY}
+
+
+def test_topologies_change_the_offered_load_a_run_is_keyed_by(study_config: dict[str, Any]) -> None:
+    from servelab.grid.config import conditions, offered_load
+
+    cond = conditions(study_config)["rate-0.28"]
+    base = offered_load(cond, study_config["workload"])
+    assert base == 0.28 * 6  # the study's Λ, bit for bit
+    mixed = copy.deepcopy(study_config["workload"])
+    mixed["topologies"] = [{"shape": "fanout"}, {"shape": "chain", "depth": 2}]
+    run = {**RUN, "offered_load_rps": offered_load(cond, mixed)}
+    assert run["offered_load_rps"] == 0.28 * 5
+    assert identity.run_identity(study_config, run) != identity.run_identity(
+        study_config, {**RUN, "offered_load_rps": base}
+    )
+
+
 def test_manifest_keys_are_kubernetes_keys() -> None:
     assert set(identity.MANIFEST_KEYS) <= set(identity.CLASSIFICATION["kubernetes"])
 
@@ -52,6 +82,21 @@ def test_an_operational_key_leaves_the_measurement_key(
     changed = copy.deepcopy(study_config)
     changed[section][key] = value
     assert _key(changed) == _key(study_config)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("multiplicity", "holm"), ("phi_guard", 1.5), ("table_conditions", ["rate-0.28"])],
+)
+def test_an_analysis_key_is_no_part_of_a_measurement(
+    study_config: dict[str, Any], key: str, value: Any
+) -> None:
+    """`analysis:` settings are inputs of the analysis rules only (their params): changing one
+    re-runs the analysis, never a measurement, so none is classified here."""
+    changed = copy.deepcopy(study_config)
+    changed["analysis"][key] = value
+    assert _key(changed) == _key(study_config)
+    assert "analysis" not in identity.CLASSIFICATION
 
 
 @pytest.mark.parametrize(

@@ -480,9 +480,7 @@ def _slot_job(scenario: _Scenario, k: int) -> None:
         "arm": arm,
         "engine": engine,
         "condition": CONDITION,
-        "offered_load_rps": offered_load(
-            conditions(study)[CONDITION], study["workload"]["workers_per_graph"]
-        ),
+        "offered_load_rps": offered_load(conditions(study)[CONDITION], study["workload"]),
     }
     traces, manifests = [], []
     for rep in REPS:

@@ -123,3 +123,24 @@ def test_graph_rows_drive_the_shared_release_logic() -> None:
     for w in ("g00000-w1", "g00000-w2", "g00000-w3"):
         assert tracker.finish(w, 6.0) == []
     assert tracker.finish("g00000-w4", 7.0) == [(7.0, "g00000-aggregator")]
+
+
+def test_a_dependant_is_due_at_its_latest_predecessor_not_the_last_reported() -> None:
+    # the paced client reads its streams in batches, so it may learn that w2 ended (kernel stamp
+    # 7.0) before it learns that w1 ended earlier (6.9): the aggregator is due at 7.0, not 6.9
+    rows = graph_rows(np.array([0.0]), np.zeros(2), 2, CAPS)
+    tracker = ReleaseTracker(
+        TraceRequest(
+            rows.request_id[i],
+            int(rows.graph_id[i]),
+            rows.role[i],
+            float(rows.arrival_s[i]),
+            tuple(rows.depends_on[i]),
+            float(rows.tool_delay_s[i]),
+            int(rows.max_tokens[i]),
+        )
+        for i in range(len(rows))
+    )
+    tracker.finish("g00000-planner", 1.0)
+    assert tracker.finish("g00000-w2", 7.0) == []
+    assert tracker.finish("g00000-w1", 6.9) == [(7.0, "g00000-aggregator")]

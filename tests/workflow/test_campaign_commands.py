@@ -38,6 +38,7 @@ CONFIGFILES: dict[str, tuple[str, ...]] = {
     "config.yaml": (),
     "test.yaml": ("config/test.yaml",),
     "capacity.yaml": ("config/capacity.yaml",),
+    "capacity-saturation.yaml": ("config/capacity-saturation.yaml",),
     "current.yaml": ("config/current.yaml",),
     "current-h100.yaml": ("config/current.yaml", "config/current-h100.yaml"),
     "llamacpp.yaml": ("config/llamacpp.yaml",),

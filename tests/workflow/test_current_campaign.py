@@ -17,6 +17,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+# The module's fixture is one costly set-up: every test of it on one xdist worker, so that the
+# two workers do not each build it.
+pytestmark = pytest.mark.xdist_group("current-campaign")
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 

@@ -39,6 +39,10 @@ from typing import Literal
 
 import pytest
 
+# The module's fixture is one costly set-up: every test of it on one xdist worker, so that the
+# two workers do not each build it.
+pytestmark = pytest.mark.xdist_group("documented-commands")
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 300

@@ -24,6 +24,10 @@ from campaigns import Workdir, study_config, tiny_config
 
 from servelab.deploy.manifests import load_rendered
 
+# The module's fixture is one costly set-up: every test of it on one xdist worker, so that the
+# two workers do not each build it.
+pytestmark = pytest.mark.xdist_group("manifest-templates")
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TARGET = "results/table5.csv"

@@ -209,3 +209,37 @@ rule verify:
         "re-analyse from the run logs and compare byte for byte -> {output.verified}"
     script:
         "../scripts/verify.py"
+
+
+# The fluid (§6.3, Eq. 8) and the closed queueing model against every measured run
+# (docs/analysis.md, "Closed queueing model"). The closed model reads the floor, the deployments'
+# KV sizes, the traces and, when the config has a `capacity:` section, the capacity probes; no
+# loaded run of the grid enters its predictions. Not in `all`: with a capacity section it runs
+# the capacity searches first (config/capacity-saturation.yaml).
+rule queue_models:
+    input:
+        code=analysis_code(),
+        run_json=run_files("run_json", RUNS),
+        requests=run_files("requests", RUNS),
+        traces=trace_files(),
+        manifests=trace_manifests(),
+        # results/floor.csv (rule floor, in floor.smk: included after this file)
+        floor="results/floor.csv",
+        resolved=deployment_resolved_files(),
+        capacity=queue_models_capacity(),
+    output:
+        csv="results/queue_models.csv",
+        summary="results/queue_models_summary.csv",
+        definitions="results/queue_models.csv.json",
+    log:
+        "results/logs/analysis/queue_models.log",
+    conda:
+        "../../environment.yml"
+    params:
+        settings=analysis_settings(),
+        run_dirs=run_dirs(RUNS),
+        capacity_searches=capacity_search_dirs(),
+    message:
+        "the fluid and the closed queueing model against every run -> {output.csv}"
+    script:
+        "../scripts/queue_models.py"

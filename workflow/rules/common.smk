@@ -110,13 +110,22 @@ wildcard_constraints:
 
 def trace_condition(wildcards):
     condition = CONDITIONS[wildcards.condition]
-    return {
+    values = {
         "condition": condition.id,
         "rate": condition.rate,
         "sharing": condition.sharing,
         "prompt_tokens": condition.prompt_tokens,
         "duration_s": condition.duration_s,
     }
+    if condition.trace is not None:  # an imported trace (docs/workload.md, "Imported traces")
+        values["trace"] = condition.trace.as_dict()
+    return values
+
+
+def trace_source(wildcards):
+    """The file a condition's imported trace is read from (none for a compiled trace)."""
+    condition = CONDITIONS[wildcards.condition]
+    return [] if condition.trace is None else [condition.trace.path]
 
 
 def trace_seed(wildcards):
@@ -222,7 +231,7 @@ def block_of(kind, wildcards):
         "arm": wildcards.arm,
         "engine": wildcards.engine,
         "condition": wildcards.condition,
-        "offered_load_rps": grid.offered_load(condition, config["workload"]["workers_per_graph"]),
+        "offered_load_rps": grid.offered_load(condition, config["workload"]),
     }
     return deployment_of(wildcards), run, config
 
@@ -331,6 +340,30 @@ def trace_manifests():
         rules.compile_trace.output.manifest.format(condition=condition, rep=rep)
         for condition, rep in pairs
     ]
+
+
+def trace_files():
+    """The trace of every (condition, rep) the grid runs, in trace_manifests order."""
+    pairs = sorted({(run.condition, run.rep) for run in RUNS})
+    return [
+        rules.compile_trace.output.trace.format(condition=condition, rep=rep)
+        for condition, rep in pairs
+    ]
+
+
+def deployment_resolved_files():
+    """The resolved.json of every deployment the grid's runs use (the KV cache's size)."""
+    return [rules.deploy.output.resolved.format(deployment=d) for d in sorted(DEPLOYMENTS)]
+
+
+def queue_models_capacity():
+    """The capacity table when the config has a `capacity:` section: the capacity searches'
+    probes are the closed queueing model's saturated throughput."""
+    return ["results/capacity.csv"] if SEARCHES else []
+
+
+def capacity_search_dirs():
+    return [f"results/capacity/{search}" for search in SEARCHES]
 
 
 RESTART_REPS = [
@@ -610,9 +643,7 @@ def prediction_settings(wildcards):
         "stream_interval": int(config["dispatch"].get("stream_interval", 1)),
         "telemetry_step_s": float(config["telemetry"]["step_s"]),
         "success_threshold": float(config["campaign"]["success_threshold"]),
-        "offered_load_rps": grid.offered_load(
-            CONDITIONS[wildcards.condition], config["workload"]["workers_per_graph"]
-        ),
+        "offered_load_rps": grid.offered_load(CONDITIONS[wildcards.condition], config["workload"]),
     }
 
 

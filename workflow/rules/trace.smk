@@ -1,8 +1,11 @@
-# Compile and validate each (condition, rep)'s trace. The seed depends only on (condition, rep),
-# so both engines and both arms replay byte-identical traces.
+# Compile and validate each (condition, rep)'s trace (or import it: a condition with `trace`). The
+# seed depends only on (condition, rep), so both engines and both arms replay byte-identical traces.
 
 
 rule compile_trace:
+    input:
+        # a condition replaying an imported trace reads its file; a compiled one reads none
+        source=trace_source,
     output:
         trace="results/traces/{condition}/{rep}/trace.parquet",
         manifest="results/traces/{condition}/{rep}/manifest.json",

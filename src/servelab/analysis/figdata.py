@@ -52,6 +52,17 @@ def _sweep_series(
     return out
 
 
+def _holm(an: Analysis, scope: str, condition: str, metric: str) -> dict[str, Any]:
+    """A starred test's Holm-adjusted p-value, only under `analysis.multiplicity: holm` (with
+    none, the figures' data and numbers.json are the study's, unchanged)."""
+    return {"p_holm": an.star_p(scope, condition, metric)} if an.multiplicity == "holm" else {}
+
+
+def _rule(an: Analysis) -> dict[str, Any]:
+    """The figure's star rule, named in its data only when it is not the study's (none)."""
+    return {"multiplicity": an.multiplicity} if an.multiplicity != "none" else {}
+
+
 def _gap_point(an: Analysis, arm: str, condition: str, metric: str) -> dict[str, Any]:
     g = an.gap(arm, condition, metric).gap
     return {
@@ -61,8 +72,9 @@ def _gap_point(an: Analysis, arm: str, condition: str, metric: str) -> dict[str,
         "ci_low": g.ci_low,
         "ci_high": g.ci_high,
         "p": g.p,
-        "significant": g.significant,
+        "significant": an.significant(arm, condition, metric),
         "n": g.n,
+        **_holm(an, arm, condition, metric),
     }
 
 
@@ -81,18 +93,20 @@ def figure1(an: Analysis) -> dict[str, Any]:
                         "ci_low": row["ci_low"],
                         "ci_high": row["ci_high"],
                         "p": row["p"],
-                        "significant": bool(
-                            np.isfinite(float(row["p"])) and float(row["p"]) < 0.05
+                        "significant": an.significant(
+                            "arm_effect", str(row["condition"]), str(row["metric"])
                         ),
                         "n": row["n"],
+                        **_holm(an, "arm_effect", str(row["condition"]), str(row["metric"])),
                     },
                 }
             )
-        return {"mode": "arm_effect", "engines": list(an.engines), "rows": rows}
+        return {"mode": "arm_effect", "engines": list(an.engines), "rows": rows, **_rule(an)}
     keys = table5_keys(an.table_conditions) if len(an.engines) == 2 else ()
     for row in an.table5_rows(keys):
-        d = an.gap("defaults", str(row["condition"]), str(row["metric"])).gap
-        m = an.gap("matched", str(row["condition"]), str(row["metric"])).gap
+        condition, metric = str(row["condition"]), str(row["metric"])
+        d = an.gap("defaults", condition, metric).gap
+        m = an.gap("matched", condition, metric).gap
         rows.append(
             {
                 "condition": row["condition"],
@@ -102,21 +116,29 @@ def figure1(an: Analysis) -> dict[str, Any]:
                     "ci_low": d.ci_low,
                     "ci_high": d.ci_high,
                     "p": d.p,
-                    "significant": d.significant,
+                    "significant": an.significant("defaults", condition, metric),
                     "n": d.n,
+                    **_holm(an, "defaults", condition, metric),
                 },
                 "matched": {
                     "gap": m.gap,
                     "ci_low": m.ci_low,
                     "ci_high": m.ci_high,
                     "p": m.p,
-                    "significant": m.significant,
+                    "significant": an.significant("matched", condition, metric),
                     "n": m.n,
+                    **_holm(an, "matched", condition, metric),
                 },
                 "removed_fraction": row["removed_fraction"],
             }
         )
-    return {"mode": "gap", "engines": list(an.engines), "rows": rows, "phi_guard": an.phi_guard}
+    return {
+        "mode": "gap",
+        "engines": list(an.engines),
+        "rows": rows,
+        "phi_guard": an.phi_guard,
+        **_rule(an),
+    }
 
 
 def figure6(an: Analysis) -> dict[str, Any]:
@@ -202,6 +224,7 @@ def figure9(an: Analysis) -> dict[str, Any]:
             for c in an.sweep_conditions("defaults", "sharing")
             if c in an.paired_conditions("defaults")
         ],
+        **_rule(an),
     }
 
 
@@ -282,7 +305,10 @@ def figure13(an: Analysis) -> dict[str, Any]:
     conds = [
         c for c in an.sweep_conditions("defaults", "rate") if c in an.paired_conditions("defaults")
     ]
-    return {m: [_gap_point(an, "defaults", c, m) for c in conds] for m in ("ttft_p50", "ttft_p95")}
+    out: dict[str, Any] = {
+        m: [_gap_point(an, "defaults", c, m) for c in conds] for m in ("ttft_p50", "ttft_p95")
+    }
+    return {**out, **_rule(an)}
 
 
 def figure14(an: Analysis) -> dict[str, Any]:

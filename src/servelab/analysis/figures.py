@@ -265,6 +265,14 @@ def _stars(
             ax.annotate("*", (x, y * factor), ha="center", va="bottom", fontsize=11)
 
 
+def _star_rule(data: Mapping[str, Any]) -> str:
+    """What a star means: the test's own p (the study's), or its Holm-adjusted p when the
+    campaign's `analysis.multiplicity` is holm (the figure's data then names the rule)."""
+    if data.get("multiplicity") == "holm":
+        return "* Holm-adjusted paired p < 0.05"
+    return "* paired p < 0.05"
+
+
 # --------------------------------------------------------------------------- the figures
 
 
@@ -365,7 +373,7 @@ def draw_figure1(fig: Figure, data: Mapping[str, Any]) -> None:
         sec.tick_params(length=0)
         if wide:
             _wide_note(ax)
-        ax.set_title("The arm effect on one engine (* paired p < 0.05)", loc="left")
+        ax.set_title(f"The arm effect on one engine ({_star_rule(data)})", loc="left")
         return
     if not any(_fin(r["defaults"]["gap"]) or _fin(r["matched"]["gap"]) for r in rows):
         _placeholder(ax, "Figure 1: no seed-paired runs for the conditions of Table 5")
@@ -383,7 +391,7 @@ def draw_figure1(fig: Figure, data: Mapping[str, Any]) -> None:
     _legend(ax, loc="lower right")
     if wide:
         _wide_note(ax)
-    ax.set_title("One setting accounts for most of the gap (* paired p < 0.05)", loc="left")
+    ax.set_title(f"One setting accounts for most of the gap ({_star_rule(data)})", loc="left")
 
 
 def draw_figure6(fig: Figure, data: Mapping[str, Any]) -> None:
@@ -552,7 +560,9 @@ def draw_figure9(fig: Figure, data: Mapping[str, Any]) -> None:
         right.set_ylabel("TTFT p50, vLLM ÷ SGLang")
     else:
         _placeholder(right, "no seed-paired sharing-sweep runs")
-    fig.suptitle("Sensitivity to prefix sharing (vendor defaults); * paired p < 0.05", fontsize=9.5)
+    fig.suptitle(
+        f"Sensitivity to prefix sharing (vendor defaults); {_star_rule(data)}", fontsize=9.5
+    )
 
 
 def draw_figure10(fig: Figure, data: Mapping[str, Any]) -> None:
@@ -684,7 +694,7 @@ def draw_figure13(fig: Figure, data: Mapping[str, Any]) -> None:
     ax.set_xlabel(RATE_LABEL)
     ax.set_ylabel("TTFT, vLLM ÷ SGLang")
     ax.set_title(
-        "Paired engine gap across the rate sweep (vendor defaults); * paired p < 0.05",
+        f"Paired engine gap across the rate sweep (vendor defaults); {_star_rule(data)}",
         loc="left",
         fontsize=8.5,
     )

@@ -102,13 +102,34 @@ def _gap_entry(an: Analysis, arm: str, condition: str, metric: str) -> dict[str,
         "ci_low": g.ci_low,
         "ci_high": g.ci_high,
         "p": g.p,
-        "significant": g.significant,
+        "significant": an.significant(arm, condition, metric),  # under analysis.multiplicity
         "n": g.n,
         "reps": list(g.reps),
         "ratios": list(g.ratios),
         "expected_reps": list(res.expected_reps),
         "vllm_geomean": res.vllm.gmean,
         "sglang_geomean": res.sglang.gmean,
+        **({"p_holm": an.star_p(arm, condition, metric)} if an.multiplicity == "holm" else {}),
+    }
+
+
+def multiplicity_entry(an: Analysis) -> dict[str, Any]:
+    """How the campaign's p-values were adjusted (only written when they were: with the
+    default, none, numbers.json is the study's, unchanged)."""
+    return {
+        "rule": an.multiplicity,
+        "reference": "Holm (1979), Scand. J. Statist. 6: 65-70",
+        "family": (
+            "every paired test the analysis runs: "
+            + (
+                "the arm effect of each metric at each condition measured in both arms"
+                if len(an.engines) == 1
+                else "the engine gap of each metric at each seed-paired condition of each arm"
+            )
+        ),
+        "metrics": list(METRICS),
+        "tests": an.family_size,
+        "stars": "adjusted p < 0.05 (*), < 0.01 (**), < 0.001 (***)",
     }
 
 
@@ -175,6 +196,9 @@ def build_numbers(an: Analysis) -> dict[str, Any]:
         },
         "figures": figures,
     }
+    if an.multiplicity != "none":
+        cast("dict[str, Any]", numbers["parameters"])["multiplicity"] = an.multiplicity
+        numbers["multiplicity"] = multiplicity_entry(an)
     numbers["notes"] = an.notes()
     return cast("dict[str, Any]", clean(numbers))
 
@@ -193,4 +217,11 @@ def render_notes(an: Analysis) -> str:
     lines += [f"  {s.run_id}: {s.reason}" for s in rs.skipped] or ["  none"]
     lines += ["", "cells computed from fewer repetitions than were found, or left empty:"]
     lines += [f"  {n}" for n in an.notes()] or ["  none"]
+    if an.multiplicity == "holm":
+        lines += [
+            "",
+            f"multiple tests: Holm (1979) over the campaign's {an.family_size} paired tests "
+            "with a p-value; Table 5's and the figures' stars are read from the adjusted p-values "
+            "(table5.csv *_p_holm), the p columns keep each test's own",
+        ]
     return "\n".join(lines) + "\n"

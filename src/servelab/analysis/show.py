@@ -3,7 +3,9 @@
 Display only: every number comes from the CSV (docs/analysis.md, Outputs), rounded for reading;
 nothing is recomputed. Gaps and interval bounds are shown with three significant digits, φ as a
 percentage, p-values as significance stars (the study's convention: *, **, *** for p < 0.05,
-0.01, 0.001). An empty or NaN cell, a quantity the runs could not give, is a dash.
+0.01, 0.001). Stars are read from each test's own p-value, or, when the table carries the
+Holm-adjusted p-values (`*_p_holm`, config `analysis.multiplicity: holm`), from those; the legend
+says which. An empty or NaN cell, a quantity the runs could not give, is a dash.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ GAP_LEGEND = (
 )
 LEGEND = (
     "95% interval: exp(mean ln R ± t₀.₉₇₅,ₙ₋₁ · s/√n).",
-    "Stars: two-sided paired t-test on log values, * p < 0.05, ** p < 0.01, *** p < 0.001.",
     "φ: removed fraction ln(R̄_def / R̄_mat) / ln R̄_def; above 100%, matching reversed the gap.",
     f"{DASH}: not computable from the runs: an interval or p-value needs two paired repetitions,",
     "  φ needs |ln R̄_def| above the φ guard (analysis_notes.txt says which cells and why).",
@@ -180,17 +181,19 @@ TABLE5_LAYOUT = (
 TABLE5_GROUPS = (("", 2), ("vendor defaults", 2), ("chunked prefill matched", 2), ("", 1))
 
 
-def _table5_cells(row: Mapping[str, str | None], where: str) -> list[str]:
+def _table5_cells(row: Mapping[str, str | None], where: str, holm: bool = False) -> list[str]:
     short = [column for column, text in row.items() if text is None]
     if short:  # csv.DictReader fills the cells a short line lacks with None
         raise TableError(f"{where}: no cell for column {short[0]!r} (fewer cells than the header)")
     cells = [str(row["condition"]), metric_label(str(row["metric"]))]
     for arm in ("defaults", "matched"):
+        star_p = "p_holm" if holm else "p"
         values = {
-            part: _number(row, f"{arm}_{part}", where) for part in ("gap", "ci_low", "ci_high", "p")
+            part: _number(row, f"{arm}_{part}", where)
+            for part in ("gap", "ci_low", "ci_high", star_p)
         }
         cells += [
-            significant(values["gap"]) + stars(values["p"]).ljust(STARS_WIDTH),
+            significant(values["gap"]) + stars(values[star_p]).ljust(STARS_WIDTH),
             interval(values["ci_low"], values["ci_high"]),
         ]
     cells.append(percent(_number(row, "removed_fraction", where)))
@@ -210,14 +213,40 @@ def gap_legend(engines: Sequence[str] | None) -> tuple[str, ...]:
     )
 
 
+STAR_CONVENTION = "* p < 0.05, ** p < 0.01, *** p < 0.001"
+
+
+def star_legend(holm: bool, tests: int | None = None) -> tuple[str, ...]:
+    """The legend's lines on the stars, naming the rule they were read under: each test's own
+    p-value (config `analysis.multiplicity: none`, the study's), or its Holm-adjusted p-value
+    (`holm`: the table's *_p_holm columns) over the campaign's `tests` paired tests."""
+    if not holm:
+        return (
+            f"Stars: two-sided paired t-test on log values, {STAR_CONVENTION}.",
+            "  Each test's own p-value, not corrected for multiple tests (multiplicity: none).",
+        )
+    family = f"the campaign's {tests} paired tests" if tests else "the campaign's paired tests"
+    return (
+        f"Stars: two-sided paired t-test on log values, {STAR_CONVENTION},",
+        f"  p Holm-adjusted (Holm 1979) over {family} (multiplicity: holm).",
+    )
+
+
 def format_table5(
-    rows: Sequence[Mapping[str, str | None]], source: str, engines: Sequence[str] | None = None
+    rows: Sequence[Mapping[str, str | None]],
+    source: str,
+    engines: Sequence[str] | None = None,
+    *,
+    holm_tests: int | None = None,
 ) -> str:
     """Table 5 as text: title, the fixed-width table, its legend (naming `engines`, the gap's
-    numerator first, when given) and the file it was read from."""
-    body = [_table5_cells(row, f"{source}, line {i}") for i, row in enumerate(rows, start=2)]
+    numerator first, when given; the star rule: Holm's when the rows carry the *_p_holm
+    columns, over `holm_tests` tests when known) and the file it was read from."""
+    holm = bool(rows) and all(f"{arm}_p_holm" in rows[0] for arm in ("defaults", "matched"))
+    body = [_table5_cells(row, f"{source}, line {i}", holm) for i, row in enumerate(rows, start=2)]
     table = fixed_width(TABLE5_LAYOUT, body, TABLE5_GROUPS)
-    lines = [*TITLE, "", *table, "", *gap_legend(engines), *LEGEND, f"Read from {source}."]
+    legend = [*gap_legend(engines), LEGEND[0], *star_legend(holm, holm_tests), *LEGEND[1:]]
+    lines = [*TITLE, "", *table, "", *legend, f"Read from {source}."]
     return "\n".join(lines) + "\n"
 
 
@@ -231,7 +260,6 @@ ARM_EFFECT_LEGEND = (
     "  (seconds for TTFT, requests/s for throughput).",
     "change: geometric mean over seed-paired repetitions of matched ÷ defaults.",
     "95% interval: exp(mean ln R ± t₀.₉₇₅,ₙ₋₁ · s/√n); n: paired repetitions.",
-    "Stars: two-sided paired t-test on log values, * p < 0.05, ** p < 0.01, *** p < 0.001.",
     f"{DASH}: not computable from the runs: an interval or p-value needs two paired repetitions.",
 )
 ARM_EFFECT_LAYOUT = (
@@ -246,7 +274,7 @@ ARM_EFFECT_LAYOUT = (
 )
 
 
-def _arm_effect_cells(row: Mapping[str, str | None], where: str) -> list[str]:
+def _arm_effect_cells(row: Mapping[str, str | None], where: str, holm: bool) -> list[str]:
     short = [column for column, text in row.items() if text is None]
     if short:
         raise TableError(f"{where}: no cell for column {short[0]!r} (fewer cells than the header)")
@@ -257,17 +285,25 @@ def _arm_effect_cells(row: Mapping[str, str | None], where: str) -> list[str]:
         str(row["engine"]),
         significant(_number(row, "defaults", where)),
         significant(_number(row, "matched", where)),
-        significant(change) + stars(_number(row, "p", where)).ljust(STARS_WIDTH),
+        significant(change)
+        + stars(_number(row, "p_holm" if holm else "p", where)).ljust(STARS_WIDTH),
         interval(_number(row, "ci_low", where), _number(row, "ci_high", where)),
         str(row["n"] or DASH),
     ]
 
 
-def format_arm_effect(rows: Sequence[Mapping[str, str | None]], source: str) -> str:
-    """A one-engine Table 5 as text: title, table, legend and source."""
-    body = [_arm_effect_cells(row, f"{source}, line {i}") for i, row in enumerate(rows, start=2)]
+def format_arm_effect(
+    rows: Sequence[Mapping[str, str | None]], source: str, *, holm_tests: int | None = None
+) -> str:
+    """A one-engine Table 5 as text: title, table, legend (the star rule: Holm's when the rows
+    carry the p_holm column) and source."""
+    holm = bool(rows) and "p_holm" in rows[0]
+    body = [
+        _arm_effect_cells(row, f"{source}, line {i}", holm) for i, row in enumerate(rows, start=2)
+    ]
     table = fixed_width(ARM_EFFECT_LAYOUT, body, (("", 3), ("", 2), ("matched ÷ defaults", 3)))
-    lines = [*ARM_EFFECT_TITLE, "", *table, "", *ARM_EFFECT_LEGEND, f"Read from {source}."]
+    legend = [*ARM_EFFECT_LEGEND[:4], *star_legend(holm, holm_tests), *ARM_EFFECT_LEGEND[4:]]
+    lines = [*ARM_EFFECT_TITLE, "", *table, "", *legend, f"Read from {source}."]
     return "\n".join(lines) + "\n"
 
 
@@ -294,22 +330,41 @@ def read_table(path: Path, columns: Sequence[str]) -> list[dict[str, str | None]
 def show_table(path: Path) -> str:
     """Table 5 read from `path`, formatted for a terminal: the engine gap, or (a one-engine
     campaign's table, recognised by its `engine` column) the arm effect."""
+    tests = _holm_tests(path)
     if _header(path)[:3] == list(TABLE5_ARM_EFFECT_COLUMNS)[:3]:
-        return format_arm_effect(read_table(path, tuple(TABLE5_ARM_EFFECT_COLUMNS)), str(path))
+        return format_arm_effect(
+            read_table(path, tuple(TABLE5_ARM_EFFECT_COLUMNS)), str(path), holm_tests=tests
+        )
     return format_table5(
-        read_table(path, tuple(TABLE5_COLUMNS)), str(path), engines=_campaign_engines(path)
+        read_table(path, tuple(TABLE5_COLUMNS)),
+        str(path),
+        engines=_campaign_engines(path),
+        holm_tests=tests,
     )
+
+
+def _numbers(table: Path) -> dict[str, Any] | None:
+    """numbers.json beside the table, if the analysis wrote one there (else None)."""
+    try:
+        numbers = json.loads((table.parent / "numbers.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return numbers if isinstance(numbers, dict) else None
+
+
+def _holm_tests(table: Path) -> int | None:
+    """How many tests Holm's correction counted: numbers.json's `multiplicity.tests`, if any."""
+    entry = (_numbers(table) or {}).get("multiplicity")
+    tests = entry.get("tests") if isinstance(entry, dict) else None
+    return tests if isinstance(tests, int) else None
 
 
 def _campaign_engines(table: Path) -> list[str] | None:
     """The engines in gap order: numbers.json's `engines` beside the table when the analysis
     wrote it; else the engines whose runs lie beside it (`runs/{arm}/{engine}/`), in registry
     order, as the analysis orders them (`servelab.grid.config.analysis_settings`)."""
-    try:
-        numbers = json.loads((table.parent / "numbers.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        numbers = None
-    engines = numbers.get("engines") if isinstance(numbers, dict) else None
+    numbers = _numbers(table)
+    engines = numbers.get("engines") if numbers is not None else None
     if isinstance(engines, list):
         return [str(e) for e in engines]
     present = {p.name for p in (table.parent / "runs").glob("*/*") if p.is_dir()}

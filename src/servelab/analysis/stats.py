@@ -10,6 +10,9 @@ undefined), so each one can be checked by hand and against scipy directly.
   two engines' log values, which the unit tests check).
 - g1 is `scipy.stats.skew(ln TTFT, bias=True)`: the moment coefficient E[(Y−μ)³]/σ_Y³ of §7.1, with
   population moments (no small-sample correction).
+- Power of that paired test (`paired_power`, `paired_sample_size`): the noncentral t distribution
+  (`scipy.stats.nct`) with df = n − 1 and noncentrality |ln effect| / (s/√n), two-sided.
+- Multiplicity (`holm`): Holm's step-down adjusted p-values over a family of tests.
 """
 
 from __future__ import annotations
@@ -32,13 +35,17 @@ __all__ = [
     "fluid_predicted_gap",
     "fluid_wait_p50",
     "geomean",
+    "holm",
     "keeps_pace",
     "log_skewness",
     "log_summary",
     "paired_gap",
+    "paired_power",
+    "paired_sample_size",
     "percentile",
     "removed_fraction",
     "sd_log",
+    "t_test_power",
     "tail_ratio",
 ]
 
@@ -237,3 +244,97 @@ def fluid_wait_p50(delta: float, run_length_s: float) -> float:
 def fluid_predicted_gap(delta: float, run_length_s: float, baseline_p50_s: float) -> float:
     """Predicted median-TTFT gap (baseline + w50) / baseline for shortfall δ and run length T."""
     return (baseline_p50_s + fluid_wait_p50(delta, run_length_s)) / baseline_p50_s
+
+
+# ------------------------------------------------------------------ power and multiplicity
+
+
+def t_test_power(noncentrality: float, df: float, alpha: float = 0.05) -> float:
+    """Power of a two-sided t-test at level `alpha` whose statistic is noncentral t(df, nc):
+    P(T > c) + P(T < −c), c = t_{1−α/2, df}, T ~ `scipy.stats.nct(df, noncentrality)`.
+
+    Both tails are counted (R's `power.t.test(strict = TRUE)`), so a zero noncentrality gives
+    exactly `alpha`. The power is the same for ±nc; the far tail P(T < −c) is taken as the equal
+    P(T' > c), T' ~ nct(df, −nc), because scipy's `nct.cdf` returns NaN far out in that tail (e.g.
+    df 1, nc 13.5) where `nct.sf` returns its value. `df` may be fractional (a continuous sample
+    size). NaN when df ≤ 0.
+    """
+    if not (df > 0 and 0 < alpha < 1 and math.isfinite(noncentrality)):
+        return NAN
+    crit = float(sps.t.ppf(1.0 - alpha / 2.0, df))
+    nc = abs(noncentrality)
+    upper = float(sps.nct.sf(crit, df, nc))
+    lower = float(sps.nct.sf(crit, df, -nc))
+    return min(upper + lower, 1.0)
+
+
+def paired_power(n: float, sd_log: float, effect: float, alpha: float = 0.05) -> float:
+    """Power of `paired_gap`'s test (two-sided one-sample t on d_k = ln R_k) with `n` pairs to
+    detect a true gap `effect` (a ratio; 1.25 and 0.8 are the same size) when the sd of d_k is
+    `sd_log`: `t_test_power(|ln effect| · √n / sd_log, n − 1, alpha)`.
+
+    An sd of 0 (every d_k alike) has infinite noncentrality: the power is 1 for any n ≥ 2. NaN for
+    n < 2 (no test), a negative or non-finite sd, or an effect that is not a positive ratio.
+    """
+    if not (n >= 2 and math.isfinite(sd_log) and sd_log >= 0 and effect > 0):
+        return NAN
+    size = abs(math.log(effect))
+    if sd_log == 0:
+        return 1.0 if size > 0 else alpha
+    return t_test_power(size * math.sqrt(n) / sd_log, n - 1.0, alpha)
+
+
+def paired_sample_size(
+    sd_log: float,
+    effect: float,
+    power: float = 0.8,
+    alpha: float = 0.05,
+    max_n: int = 1_000_000,
+) -> int | None:
+    """The fewest pairs n ≥ 2 whose `paired_power` reaches `power`; None if even `max_n` do not.
+
+    The power of the t-test grows with n at fixed sd and effect, so the answer is found by
+    doubling n until it is reached, then bisecting. `effect` must be a ratio other than 1.
+    """
+    if not (0 < power < 1):
+        raise ValueError(f"power must be in (0, 1), not {power}")
+    if not (effect > 0 and effect != 1):
+        raise ValueError(f"the effect is a ratio other than 1 (1.25: 25% apart), not {effect}")
+    if not (math.isfinite(sd_log) and sd_log >= 0):
+        raise ValueError(f"the sd of the log differences must be finite and >= 0, not {sd_log}")
+
+    def enough(n: int) -> bool:
+        return paired_power(n, sd_log, effect, alpha) >= power
+
+    low, high = 1, 2  # enough(low) is false by definition (no test with one pair)
+    while not enough(high):
+        if high >= max_n:
+            return None
+        low, high = high, min(2 * high, max_n)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple
+    test procedure", Scand. J. Statist. 6: 65-70).
+
+    With the m finite p-values sorted p_(1) ≤ ... ≤ p_(m), the adjusted value of the i-th is
+    max_{j ≤ i} min(1, (m − j + 1) · p_(j)). Rejecting every hypothesis whose adjusted p-value is
+    at most α is Holm's procedure at level α, which holds the family-wise error rate at α under
+    any dependence between the tests. Values come back in the order given; a NaN (a test that
+    could not be run) stays NaN and is not counted in m. Ties keep their input order, which does
+    not change any adjusted value.
+    """
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, NAN)
+    finite = np.flatnonzero(np.isfinite(p))
+    m = finite.size
+    if m == 0:
+        return [float(x) for x in out]
+    order = finite[np.argsort(p[finite], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return [float(x) for x in out]

@@ -213,6 +213,7 @@ class Analysis:
                 f"{len(self.engines)}: {', '.join(self.engines)}"
             )
         self.table_conditions = tuple(settings.table_conditions)
+        self.multiplicity = settings.multiplicity
         self.keeps_pace = settings.keeps_pace
         self.phi_guard = settings.phi_guard
         self.manifests = dict(manifests or {})
@@ -221,6 +222,7 @@ class Analysis:
         self.fluid_shortfall = fluid_shortfall
         self._groups: dict[tuple[str, str, str], GroupSummary] = {}
         self._gaps: dict[tuple[str, str, str], GapResult] = {}
+        self._arm_effects: dict[tuple[str, str, str], stats.PairedGap] = {}
         self._notes: dict[str, str] = {}
 
     # ------------------------------------------------------------------ bookkeeping
@@ -356,6 +358,69 @@ class Analysis:
 
     def sweep_conditions(self, arm: str, sweep: str) -> list[str]:
         return [c for c in self.runset.conditions(arm) if condition_value(c)[0] == sweep]
+
+    def arm_effect(self, condition: str, metric: str) -> stats.PairedGap:
+        """One engine's change matched ÷ defaults at `condition`, paired by repetition (the same
+        seeded traces): the test of a one-engine campaign's Table 5."""
+        key = ("arm_effect", condition, metric)
+        if key not in self._arm_effects:
+            pairs = self.runset.arm_pairs(self.engines[0], condition)
+            self._arm_effects[key] = stats.paired_gap(
+                [run_value(b, metric) for _, b in pairs],
+                [run_value(a, metric) for a, _ in pairs],
+                [a.rep for a, _ in pairs],
+            )
+        return self._arm_effects[key]
+
+    # ------------------------------------------------------------------ the family of tests
+
+    def tests(self) -> dict[tuple[str, str, str], stats.PairedGap]:
+        """Every paired t-test the analysis runs, keyed (scope, condition, metric): with two
+        engines the engine gap of every metric at every seed-paired condition of each arm (scope:
+        the arm; numbers.json `gaps`, of which Table 5's p-values are a part), with one engine
+        the arm effect of every metric at every condition measured in both arms (scope
+        "arm_effect"). This is the family `analysis.multiplicity` adjusts over. Table 4's test of
+        the control engine across the arms is a check of the design, not a finding, and stays
+        out of it (adjusting it would only make a changed control easier to miss)."""
+        if len(self.engines) == 1:
+            engine = self.engines[0]
+            conditions = [c for c in self.runset.conditions() if self.runset.arm_pairs(engine, c)]
+            return {
+                ("arm_effect", c, m): self.arm_effect(c, m) for c in conditions for m in METRICS
+            }
+        return {
+            (arm, c, m): self.gap(arm, c, m).gap
+            for arm in self.arms()
+            for c in self.paired_conditions(arm)
+            for m in METRICS
+        }
+
+    @cached_property
+    def holm_p(self) -> dict[tuple[str, str, str], float]:
+        """Holm-adjusted p-values over `tests()` (stats.holm: a test without a p-value is not
+        counted and stays NaN)."""
+        family = self.tests()
+        adjusted = stats.holm([g.p for g in family.values()])
+        return dict(zip(family, adjusted, strict=True))
+
+    @property
+    def family_size(self) -> int:
+        """The number of tests Holm's correction counts: those of `tests()` with a p-value."""
+        return sum(1 for p in self.holm_p.values() if math.isfinite(p))
+
+    def star_p(self, scope: str, condition: str, metric: str) -> float:
+        """The p-value significance is read from under `analysis.multiplicity`: the test's own
+        (none), or its Holm-adjusted value (holm)."""
+        if self.multiplicity == "holm":
+            return self.holm_p.get((scope, condition, metric), NAN)
+        if scope == "arm_effect":
+            return self.arm_effect(condition, metric).p
+        return self.gap(scope, condition, metric).gap.p
+
+    def significant(self, scope: str, condition: str, metric: str) -> bool:
+        """p < 0.05 under the campaign's rule (`star_p`)."""
+        p = self.star_p(scope, condition, metric)
+        return bool(math.isfinite(p) and p < 0.05)
 
     # ------------------------------------------------------------------ tables (numeric rows)
 
@@ -500,6 +565,14 @@ class Analysis:
                     "removed_fraction": stats.removed_fraction(d.gap, m.gap, self.phi_guard),
                     "defaults_n": float(d.n),
                     "matched_n": float(m.n),
+                    **(
+                        {
+                            "defaults_p_holm": self.star_p("defaults", condition, metric),
+                            "matched_p_holm": self.star_p("matched", condition, metric),
+                        }
+                        if self.multiplicity == "holm"
+                        else {}
+                    ),
                 }
             )
         return out
@@ -514,7 +587,7 @@ class Analysis:
             reps = [a.rep for a, _ in pairs]
             defaults = [run_value(a, metric) for a, _ in pairs]
             matched = [run_value(b, metric) for _, b in pairs]
-            change = stats.paired_gap(matched, defaults, reps)
+            change = self.arm_effect(condition, metric)
             used = set(change.reps)
             expected = sorted(
                 set(self.runset.expected_reps("defaults", condition, (engine,)))
@@ -548,6 +621,11 @@ class Analysis:
                     "ci_high": change.ci_high,
                     "p": change.p,
                     "n": float(change.n),
+                    **(
+                        {"p_holm": self.star_p("arm_effect", condition, metric)}
+                        if self.multiplicity == "holm"
+                        else {}
+                    ),
                 }
             )
         return out

@@ -23,6 +23,7 @@ import pyarrow as pa
 from servelab.artifacts import (
     REQUESTS_SCHEMA,
     TELEMETRY_SCHEMA,
+    TRACE_SCHEMA,
     write_json,
     write_parquet,
 )
@@ -31,8 +32,10 @@ from servelab.grid.config import Condition, conditions, offered_load, runs, trac
 
 __all__ = [
     "RunSpec",
+    "graph_trace_table",
     "requests_table",
     "telemetry_table",
+    "write_graph_trace",
     "write_manifest",
     "write_run",
     "write_simple_run",
@@ -261,6 +264,59 @@ def write_simple_run(
     return write_run(run_dir, spec, requests_table(rows, spec.run_id), telemetry)
 
 
+def graph_trace_table(
+    arrivals_s: Sequence[float],
+    *,
+    workers: int = 4,
+    prompt_tokens: int = 16,
+    prefix_tokens: int = 8,
+    max_tokens: tuple[int, int, int] = (9, 9, 17),
+    tool_delay_s: float = 0.0,
+) -> pa.Table:
+    """A TRACE_SCHEMA table: one planner -> `workers` workers -> aggregator graph per arrival,
+    ids as the trace compiler writes them, every prompt `prompt_tokens` long with a shared prefix
+    of `prefix_tokens`, outputs of `max_tokens` (planner, worker, aggregator) tokens."""
+    cols: dict[str, list[Any]] = {f.name: [] for f in TRACE_SCHEMA}
+
+    def add(rid: str, graph: int, role: str, deps: list[str], delay: float, out: int) -> None:
+        cols["request_id"].append(rid)
+        cols["graph_id"].append(graph)
+        cols["role"].append(role)
+        cols["arrival_s"].append(float(arrivals_s[graph]))
+        cols["depends_on"].append(deps)
+        cols["tool_delay_s"].append(delay)
+        cols["prompt_token_ids"].append(list(range(prompt_tokens)))
+        cols["prompt_text"].append("synthetic")
+        cols["prefix_tokens"].append(prefix_tokens)
+        cols["max_tokens"].append(out)
+
+    for g in range(len(arrivals_s)):
+        planner = f"g{g:05d}-planner"
+        add(planner, g, "planner", [], 0.0, max_tokens[0])
+        names = [f"g{g:05d}-w{w + 1}" for w in range(workers)]
+        for name in names:
+            add(name, g, "worker", [planner], tool_delay_s, max_tokens[1])
+        add(f"g{g:05d}-aggregator", g, "aggregator", names, 0.0, max_tokens[2])
+    return pa.table(cols, schema=TRACE_SCHEMA)
+
+
+def write_graph_trace(
+    trace_dir: PathLike, *, condition: Condition, rep: str, seed: int, table: pa.Table
+) -> tuple[Path, Path]:
+    """`table` (graph_trace_table) as `trace_dir`/trace.parquet with its manifest.json."""
+    trace_dir = Path(trace_dir)
+    write_parquet(trace_dir / "trace.parquet", table, TRACE_SCHEMA)
+    manifest = write_manifest(
+        trace_dir / "manifest.json",
+        condition=condition,
+        rep=rep,
+        seed=seed,
+        n_graphs=len(set(table.column("graph_id").to_pylist())),
+        n_requests=table.num_rows,
+    )
+    return trace_dir / "trace.parquet", manifest
+
+
 # --------------------------------------------------------------------------- the toy queue
 
 
@@ -316,7 +372,7 @@ def write_synthetic_run(
     trace = _trace(seed, condition.rate, condition.duration_s)
     rng = np.random.default_rng(_seed(seed, arm, engine))
     sharing, prompt_tokens = condition.sharing, condition.prompt_tokens
-    offered = offered_load(condition, _WORKERS_PER_GRAPH)
+    offered = offered_load(condition, {"workers_per_graph": _WORKERS_PER_GRAPH})
     cap = _capacity(engine, arm, prompt_tokens, sharing)
     rho = offered / cap
     t0 = 5.0  # trace start after the warm-ups

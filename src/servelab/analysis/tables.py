@@ -24,13 +24,16 @@ __all__ = [
     "TABLE3_COLUMNS",
     "TABLE4_COLUMNS",
     "TABLE5_ARM_EFFECT_COLUMNS",
+    "TABLE5_ARM_EFFECT_HOLM_COLUMNS",
     "TABLE5_COLUMNS",
+    "TABLE5_HOLM_COLUMNS",
     "TABLE6_COLUMNS",
     "format_table",
     "render_table3",
     "render_table4",
     "render_table5",
     "render_table6",
+    "table5_columns",
     "table6_columns",
 ]
 
@@ -80,6 +83,21 @@ TABLE5_ARM_EFFECT_COLUMNS = {
     "n": "d",
 }
 
+# With `analysis.multiplicity: holm`, Table 5 also carries the Holm-adjusted p-values its stars are
+# read from, after the columns above (with the default, none, the table is the study's, unchanged).
+TABLE5_HOLM_COLUMNS = {"defaults_p_holm": ".4g", "matched_p_holm": ".4g"}
+TABLE5_ARM_EFFECT_HOLM_COLUMNS = {"p_holm": ".4g"}
+
+
+def table5_columns(engines: Sequence[str], multiplicity: str = "none") -> dict[str, str]:
+    """Table 5's columns: the engine gap's (two engines) or the arm effect's (one), then the
+    Holm-adjusted p-values when `multiplicity` is holm."""
+    one = len(engines) == 1
+    columns = dict(TABLE5_ARM_EFFECT_COLUMNS if one else TABLE5_COLUMNS)
+    if multiplicity == "holm":
+        columns.update(TABLE5_ARM_EFFECT_HOLM_COLUMNS if one else TABLE5_HOLM_COLUMNS)
+    return columns
+
 
 def table6_columns(engines: Sequence[str]) -> dict[str, str]:
     """Table 6's columns: each engine's tail ratio and g1 (the study's: vllm, then sglang)."""
@@ -126,8 +144,7 @@ def render_table4(an: Analysis) -> str:
 
 
 def render_table5(an: Analysis) -> str:
-    columns = TABLE5_ARM_EFFECT_COLUMNS if len(an.engines) == 1 else TABLE5_COLUMNS
-    return format_table(an.table5_rows(), columns)
+    return format_table(an.table5_rows(), table5_columns(an.engines, an.multiplicity))
 
 
 def render_table6(an: Analysis) -> str:

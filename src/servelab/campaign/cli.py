@@ -1,5 +1,6 @@
-"""`servelab campaign plan|status|redo`: a campaign's GPU-hours before, its runs' states during and
-after, and the deliberate re-measurement of chosen runs (docs/campaigns.md); and the campaign as a
+"""`servelab campaign plan|status|redo|power`: a campaign's GPU-hours before, its runs' states during
+and after, the deliberate re-measurement of chosen runs (docs/campaigns.md), the repetitions its
+tests need for a target power (docs/analysis.md); and the campaign as a
 Job in the cluster, `servelab campaign submit|logs|fetch` and `status --cluster`
 (docs/kubernetes.md, "The campaign as a Job").
 
@@ -20,7 +21,8 @@ from servelab.artifacts import write_text
 from servelab.campaign.plan import TARGETS, format_plan, plan_campaign
 from servelab.campaign.redo import redo_runs
 from servelab.campaign.status import campaign_status, format_status, status_csv
-from servelab.grid.config import add_config_arguments, load_config
+from servelab.grid.config import add_config_arguments, analysis_settings, load_config
+from servelab.grid.settings import AnalysisSettings
 
 __all__ = ["register"]
 
@@ -87,6 +89,24 @@ def _redo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _power(args: argparse.Namespace) -> int:
+    from servelab.analysis.power import format_power, power_csv, results_power
+
+    rows = results_power(
+        args.results,
+        args.metric,
+        args.effect,
+        settings=AnalysisSettings.from_mapping(analysis_settings(_config(args))),
+        power=args.power,
+        alpha=args.alpha,
+        conditions=args.condition,
+    )
+    if args.out:
+        write_text(args.out, power_csv(rows))
+    print(format_power(rows), end="")
+    return 0
+
+
 @_cluster_errors
 def _submit(args: argparse.Namespace) -> int:
     from servelab.campaign import job
@@ -148,9 +168,10 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    """Add `servelab campaign plan`, `status`, `redo`, `submit`, `logs` and `fetch`."""
+    """Add `servelab campaign plan`, `status`, `redo`, `power`, `submit`, `logs` and `fetch`."""
     campaign = subparsers.add_parser(
-        "campaign", help="plan, status and redo of a campaign; the campaign as a Job in a cluster"
+        "campaign",
+        help="plan, status, redo and power of a campaign; the campaign as a Job in a cluster",
     )
     sub = campaign.add_subparsers(dest="campaign_command", required=True)
 
@@ -198,7 +219,44 @@ def register(subparsers: Any) -> None:
     redo.add_argument("--why", required=True, help="why the runs are measured again (kept)")
     _add_config_options(redo)
     redo.set_defaults(func=_redo)
+    _register_power(sub)
     _register_job_commands(sub)
+
+
+def _register_power(sub: Any) -> None:
+    power = sub.add_parser(
+        "power",
+        help="repetitions for a target power, from a finished campaign's spread",
+        description="Per seed-paired condition of each arm: the sample sd of the paired log "
+        "ratios of METRIC over the campaign's repetitions (the analysis' own test: a two-sided "
+        "paired t-test on log values), the repetitions that give the target power to detect a "
+        "true ratio EFFECT, and the power at the campaign's n (noncentral t, scipy.stats.nct). "
+        "Reads the run artifacts only (docs/analysis.md, Power and multiplicity).",
+    )
+    _add_config_options(power)
+    power.add_argument(
+        "--metric",
+        required=True,
+        help="the run metric tested: ttft_p50, ttft_p95, tpot_p50, e2e_p50 or throughput",
+    )
+    power.add_argument(
+        "--effect",
+        required=True,
+        type=float,
+        help="the true ratio to detect (1.25: one engine 25%% slower; 0.8 is the same size)",
+    )
+    power.add_argument("--power", type=float, default=0.8, help="the target power (default: 0.8)")
+    power.add_argument(
+        "--alpha", type=float, default=0.05, help="the test's level, two-sided (default: 0.05)"
+    )
+    power.add_argument(
+        "--condition",
+        action="append",
+        metavar="ID",
+        help="only this condition (repeatable; default: every seed-paired condition)",
+    )
+    power.add_argument("--out", metavar="FILE", help="also write the table as CSV to FILE")
+    power.set_defaults(func=_power)
 
 
 def _register_job_commands(sub: Any) -> None:

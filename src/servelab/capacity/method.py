@@ -217,7 +217,7 @@ def evaluate_probe(
     return {"passed": all(r["passed"] for r in reps) and bool(reps), "reps": reps}
 
 
-def saturation_bracket(run_dirs: Sequence[str | Path], requests_per_graph: int) -> list[float]:
+def saturation_bracket(run_dirs: Sequence[str | Path], requests_per_graph: float) -> list[float]:
     """[0.25, 1.25] × the completed graphs/s of a saturation probe (its repetitions' median)."""
     from servelab.analysis.reduce import reduce_requests, run_metrics
 

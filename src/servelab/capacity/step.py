@@ -25,6 +25,7 @@ from servelab.deploy import NodeSlot
 from servelab.grid.config import offered_load, trace_seed
 from servelab.grid.identity import deployment_identity, manifest_settings
 from servelab.grid.settings import CapacitySettings
+from servelab.grid.topology import mean_requests_per_graph
 from servelab.workload.compiler import compile_trace_files
 
 __all__ = ["capacity_step", "deploy_search", "measure_probe"]
@@ -96,9 +97,7 @@ def measure_probe(
                 "engine": search.engine,
                 "condition": cid,
                 "rep": rep,
-                "offered_load_rps": offered_load(
-                    condition, int(config["workload"]["workers_per_graph"])
-                ),
+                "offered_load_rps": offered_load(condition, config["workload"]),
                 "gpu": config["gpu"],
                 "model": config["model"],
                 "dispatch": config["dispatch"],
@@ -181,7 +180,7 @@ def capacity_step(
         "load_s": duration * len(run_dirs),
     }
     if saturation:
-        per_graph = int(config["workload"]["workers_per_graph"]) + 2
+        per_graph = mean_requests_per_graph(config["workload"])
         state["bracket"] = saturation_bracket(run_dirs, per_graph)
         probe["passed"] = None
     else:

@@ -33,6 +33,7 @@ from servelab.grid.settings import (
     DispatchSettings,
     RequestSlo,
 )
+from servelab.grid.topology import graph_topologies, mean_requests_per_graph
 
 __all__ = [
     "ARMS",
@@ -45,6 +46,7 @@ __all__ = [
     "FloorBlock",
     "FloorShape",
     "Run",
+    "TraceSource",
     "add_config_arguments",
     "analysis_settings",
     "condition_id",
@@ -77,13 +79,34 @@ SWEEP_PARAMETER = {"rate": "rate", "sharing": "sharing", "length": "prompt_token
 
 
 @dataclass(frozen=True)
+class TraceSource:
+    """An imported trace a condition replays (config `conditions[].trace`; docs/workload.md,
+    "Imported traces"): its format, its file, the source time the replay starts at, and the
+    longest request (prompt + output tokens) it keeps (None: every request)."""
+
+    format: str
+    path: str
+    start_s: float = 0.0
+    max_request_tokens: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Condition:
+    """One condition of the grid. With `trace`, its requests come from an imported trace replayed
+    at `rate` requests per second (each request its own one-request graph) for `duration_s`;
+    `sharing` and `prompt_tokens` are then unused (0.0 and 0): every request has its own length
+    and its sharing is the trace's."""
+
     id: str
     sweep: str
     rate: float
     sharing: float
     prompt_tokens: int
     duration_s: float
+    trace: TraceSource | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +232,7 @@ def _check_references(config: Mapping[str, Any]) -> None:
         problems += _check_sim(config)
     problems += _check_capacity(config)
     problems += _check_tool_delay(config)
+    problems += _check_topologies(config)
     problems += _check_gpu_nodes(config)
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
@@ -223,7 +247,8 @@ def _condition_indices(config: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _check_conditions(config: Mapping[str, Any]) -> list[str]:
-    """Condition ids are unique, and each condition's σ leaves at least one unique suffix token."""
+    """Condition ids are unique, and each condition's σ leaves at least one unique suffix token; a
+    condition replaying an imported trace is a rate condition and has no σ or L of its own."""
     problems: list[str] = []
     seen: dict[str, int] = {}
     for i, cond in enumerate(config["conditions"]):
@@ -233,6 +258,14 @@ def _check_conditions(config: Mapping[str, Any]) -> list[str]:
                 f"config key conditions[{i}]: duplicates condition {cid} (conditions[{seen[cid]}])"
             )
         seen[cid] = i
+        if "trace" in cond:  # a rate condition (the schema): its rate is the replay's
+            problems += [
+                f"config key conditions[{i}].{key}: a condition replaying a trace takes its "
+                "prompts from the trace; remove this key"
+                for key in ("sharing", "prompt_tokens")
+                if key in cond
+            ]
+            continue
         sharing, length = cond["sharing"], cond["prompt_tokens"]
         if length - round(sharing * length) < 1:
             problems.append(
@@ -403,6 +436,15 @@ def _check_tool_delay(config: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def _check_topologies(config: Mapping[str, Any]) -> list[str]:
+    """`workload.topologies`: each entry has the one size key its shape takes (servelab.grid.topology)."""
+    try:
+        graph_topologies(config["workload"])
+    except ConfigError as exc:
+        return [str(exc)]
+    return []
+
+
 def _check_gpu_nodes(config: Mapping[str, Any]) -> list[str]:
     """Several GPU nodes on the local backend run their servers side by side on this machine: not
     on pinned cores, where they would measure each other (servelab.deploy.machine_load)."""
@@ -480,6 +522,7 @@ def analysis_settings(config: Mapping[str, Any]) -> dict[str, Any]:
         exclude_first_graph=section["exclude_first_graph"],
         engines=tuple(e for e in engine_names() if e in config["engines"]),
         table_conditions=tuple(section.get("table_conditions", STUDY_TABLE_CONDITIONS)),
+        multiplicity=section.get("multiplicity", AnalysisSettings.multiplicity),
         control_differs=bool(section.get("control_differs", False)),
     )
     return settings.as_dict()
@@ -557,13 +600,24 @@ def conditions(config: Mapping[str, Any]) -> dict[str, Condition]:
     out: dict[str, Condition] = {}
     for cond in config["conditions"]:
         cid = condition_id(cond["sweep"], cond[SWEEP_PARAMETER[cond["sweep"]]])
+        trace = cond.get("trace")
+        source = None
+        if trace is not None:
+            limit = trace.get("max_request_tokens")
+            source = TraceSource(
+                format=str(trace["format"]),
+                path=str(trace["path"]),
+                start_s=float(trace.get("start_s", 0.0)),
+                max_request_tokens=None if limit is None else int(limit),
+            )
         out[cid] = Condition(
             id=cid,
             sweep=cond["sweep"],
             rate=float(cond["rate"]),
-            sharing=float(cond["sharing"]),
-            prompt_tokens=int(cond["prompt_tokens"]),
+            sharing=float(cond.get("sharing", 0.0)),
+            prompt_tokens=int(cond.get("prompt_tokens", 0)),
             duration_s=float(cond["duration_s"]),
+            trace=source,
         )
     return out
 
@@ -721,9 +775,13 @@ def trace_seed(campaign_seed: int, condition: str, rep: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def offered_load(condition: Condition, workers_per_graph: int) -> float:
-    """Λ: requests per second offered (planner + workers + aggregator per graph)."""
-    return condition.rate * (workers_per_graph + 2)
+def offered_load(condition: Condition, workload: Mapping[str, Any]) -> float:
+    """Λ: requests per second offered: λ times the requests of a graph (planner, workers,
+    aggregator), on average over `workload.topologies`; a condition replaying an imported trace
+    offers its rate (each request is its own graph)."""
+    if condition.trace is not None:
+        return condition.rate
+    return condition.rate * mean_requests_per_graph(workload)
 
 
 # --------------------------------------------------------------------------- the unloaded floor
@@ -792,7 +850,8 @@ def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:
 def floor_blocks(config: Mapping[str, Any]) -> list[FloorBlock]:
     """One floor per (deployment, shape) of the grid's runs, in run order: each deployment is
     measured unloaded on the request shapes (σ, L) of the conditions it serves, then on config
-    `floor.shapes`."""
+    `floor.shapes`. A condition replaying an imported trace has no shape of its own (each request
+    has its own length): it adds no floor."""
     cond = conditions(config)
     out: dict[tuple[str, str], FloorBlock] = {}
     first_rep = reps(config)[0]
@@ -802,7 +861,9 @@ def floor_blocks(config: Mapping[str, Any]) -> list[FloorBlock]:
             continue
         c = cond[run.condition]
         deployment = deployment_for(config, run.arm, run.engine, run.condition)
-        for shape in (FloorShape(c.sharing, c.prompt_tokens), *extra):
+        # an imported trace has no one request shape: its deployment is floored on floor.shapes
+        own = [] if c.trace is not None else [FloorShape(c.sharing, c.prompt_tokens)]
+        for shape in (*own, *extra):
             block = FloorBlock(deployment, shape)
             out.setdefault((block.deployment.id, block.shape.id), block)
     return list(out.values())

@@ -12,7 +12,9 @@ measurement's key (`measurement_key`), so changing an operational setting re-mea
 changing an identity setting re-measures exactly the runs it defines. Operational settings reach a
 job at run time (`operational_settings`), never as a param. `CLASSIFICATION` names the class of
 every key of the four settings sections; a test checks that it covers the schema exactly, so a new
-key must be classified before it can be used. docs/campaigns.md explains the consequences.
+key must be classified before it can be used. `TRACE_CLASSIFICATION` does the same for the keys
+that define a trace (`workload`, a condition and its imported `trace`): all identity, through the
+trace's SHA-256. docs/campaigns.md explains the consequences.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "IDENTITY",
     "MANIFEST_KEYS",
     "OPERATIONAL",
+    "TRACE_CLASSIFICATION",
     "deployment_identity",
     "identity_keys",
     "manifest_settings",
@@ -103,6 +106,38 @@ CLASSIFICATION: dict[str, dict[str, Kind]] = {
         "timeouts": OPERATIONAL,
         # where the campaign's driver runs (a Job on the CPU node), never what it measures
         "campaign_job": OPERATIONAL,
+    },
+}
+
+# Every key that defines a trace, by class: the `workload` section, a condition, and a condition's
+# imported `trace` (docs/workload.md). All are identity: they change the trace's bytes, and the
+# trace's SHA-256 is in every measurement's key (`measurement_key`); the workload's graph shapes
+# (`workers_per_graph`, `topologies`) and a condition's rate also set the offered load in
+# `run_identity`. None is a param of a run rule: the compile_trace rule takes them, and the
+# compiled trace is the run's input. An imported trace's `path` names the file whose bytes define
+# it (the manifest records the file's SHA-256): the same bytes moved elsewhere compile to the same
+# trace, so the same measurement.
+TRACE_CLASSIFICATION: dict[str, dict[str, Kind]] = {
+    "workload": {
+        "arrival_cv": IDENTITY,
+        "workers_per_graph": IDENTITY,
+        "max_tokens": IDENTITY,
+        "tool_delay": IDENTITY,
+        "topologies": IDENTITY,
+    },
+    "conditions": {
+        "sweep": IDENTITY,
+        "rate": IDENTITY,
+        "sharing": IDENTITY,
+        "prompt_tokens": IDENTITY,
+        "duration_s": IDENTITY,
+        "trace": IDENTITY,
+    },
+    "conditions.trace": {
+        "format": IDENTITY,
+        "path": IDENTITY,
+        "start_s": IDENTITY,
+        "max_request_tokens": IDENTITY,
     },
 }
 

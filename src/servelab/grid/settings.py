@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = [
+    "MULTIPLICITY_RULES",
     "SECTIONS",
     "STUDY_TABLE_CONDITIONS",
     "AnalysisSettings",
@@ -427,6 +428,9 @@ class LocalSettings(_ConfigSection):
 # The conditions the study's Tables 4-6 show; a campaign on another grid names its own
 # (config `analysis.table_conditions`).
 STUDY_TABLE_CONDITIONS: tuple[str, ...] = ("rate-0.12", "rate-0.28", "length-8192")
+# How the p-values of the campaign's paired tests are adjusted for their number (config
+# `analysis.multiplicity`): "none" (the study's), or "holm" (Holm 1979, family-wise error rate).
+MULTIPLICITY_RULES: tuple[str, ...] = ("none", "holm")
 
 
 @dataclass(frozen=True)
@@ -447,10 +451,19 @@ class AnalysisSettings:
     # the campaign's engines in gap order (registry order); None: those the runs show
     engines: tuple[str, ...] | None = None
     table_conditions: tuple[str, ...] = STUDY_TABLE_CONDITIONS
+    # the adjustment of the campaign's paired tests for their number (MULTIPLICITY_RULES)
+    multiplicity: str = "none"
     # The control engine's configuration differs between the arms by design (an ablation that
     # changes it in one arm: config/ablations/sglang-fcfs.yaml). Table 4 then compares its two
     # configurations, with a note; when false (the study's design) a difference is refused.
     control_differs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.multiplicity not in MULTIPLICITY_RULES:
+            raise SettingsError(
+                f"analysis.multiplicity: {self.multiplicity!r} is not one of "
+                f"{', '.join(MULTIPLICITY_RULES)}"
+            )
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any]) -> AnalysisSettings:

@@ -472,9 +472,7 @@ def simulate_config_run(
         stream_interval=int(config["dispatch"]["stream_interval"]),
         telemetry_step_s=float(config["telemetry"]["step_s"]),
         success_threshold=float(config["campaign"]["success_threshold"]),
-        offered_load_rps=offered_load(
-            conditions(config)[condition], int(config["workload"]["workers_per_graph"])
-        ),
+        offered_load_rps=offered_load(conditions(config)[condition], config["workload"]),
         attempt=attempt,
         faults=[dict(f) for f in faults],
         requests_path=out / "requests.parquet",

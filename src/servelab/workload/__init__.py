@@ -13,6 +13,11 @@ Public API (so Snakemake scripts stay thin):
 - `warmup_prompts(seed, n, prompt_tokens, tokenizer) -> list[(text, ids)]`: warm-up prompts sharing no prefix
   with any trace.
 
+A condition with an imported `trace` (config `conditions[].trace`) compiles through the same calls;
+`servelab.workload.imported` (`read_records`, `import_trace`) imports a production trace outside a
+config, as `servelab trace import` does. `checks_for(manifest)` names the checks a trace's kind must
+pass (`CHECKS`, or an imported trace's `IMPORTED_CHECKS`).
+
 The graph-release logic shared by the simulator and the dispatcher is `servelab.workload.release`.
 transformers is imported only when a tokenizer is needed (compiling, warm-up prompts, `retokenize=True`).
 """
@@ -27,11 +32,19 @@ from servelab.workload.loader import LoadedTrace, Prompt, load_trace
 from servelab.workload.prompts import PromptError, warmup_prompts
 from servelab.workload.release import ReleaseTracker, TraceRequest
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER, TokenizerError, load_tokenizer
-from servelab.workload.validate import CHECKS, TraceValidationError, check_trace, validate_trace
+from servelab.workload.validate import (
+    CHECKS,
+    IMPORTED_CHECKS,
+    TraceValidationError,
+    check_trace,
+    checks_for,
+    validate_trace,
+)
 
 __all__ = [
     "CHECKS",
     "DEFAULT_TOKENIZER",
+    "IMPORTED_CHECKS",
     "LoadedTrace",
     "Prompt",
     "PromptError",
@@ -41,6 +54,7 @@ __all__ = [
     "TraceValidationError",
     "WorkloadSettings",
     "check_trace",
+    "checks_for",
     "compile_from_config",
     "compile_trace",
     "compile_trace_files",

@@ -1,7 +1,10 @@
 """The trace compiler: one seed -> trace.parquet + manifest.json (docs/workload.md, docs/architecture.md).
 
 Layers, each from its own named random stream of the trace seed (`streams.substream`):
-L1 arrivals ("arrivals"), L2 graphs and tool delays ("tool_delay"), L3 prompts ("prefix", "suffix").
+L1 arrivals ("arrivals"), L2 graphs ("topology", drawn only when `workload.topologies` lists a mix)
+and tool delays ("tool_delay"), L3 prompts ("prefix", "suffix").
+A condition with an imported `trace` is not compiled from streams: `compile_trace` hands it to
+`servelab.workload.imported` (docs/workload.md, "Imported traces").
 The seed depends only on (campaign seed, condition, rep) (`servelab.grid.config.trace_seed`), so both engines and both
 arms replay byte-identical traces. Outputs hold no timestamps: the same inputs give byte-identical files.
 
@@ -33,15 +36,28 @@ from servelab.artifacts import (
     write_parquet,
 )
 from servelab.grid.config import Condition, ConfigError, conditions, offered_load, trace_seed
+from servelab.grid.topology import (
+    GraphTopology,
+    graph_topologies,
+    has_topologies,
+    mean_requests_per_graph,
+)
 from servelab.workload.arrivals import arrival_times
+from servelab.workload.imported import import_condition
 from servelab.workload.prompts import LOCAL_WINDOW, build_prompts, prefix_length
 from servelab.workload.tokenizer import DEFAULT_TOKENIZER
-from servelab.workload.topology import ToolDelay, graph_rows, tool_delays
+from servelab.workload.topology import (
+    ToolDelay,
+    draw_topologies,
+    layered_rows,
+    tool_delays,
+    worker_id_width,
+)
 from servelab.workload.validate import (
-    CHECKS,
     SHARING_TOLERANCE,
     TokenColumn,
     TraceValidationError,
+    checks_for,
     measure_sharing,
     prefix_ids_sha256,
     run_checks,
@@ -67,6 +83,15 @@ class WorkloadSettings:
     workers_per_graph: int
     max_tokens: dict[str, int]
     tool_delay: ToolDelay
+    # `workload.topologies` as listed (None: not set, every graph the fanout of workers_per_graph)
+    topologies: tuple[GraphTopology, ...] | None = None
+
+    @property
+    def graph_topologies(self) -> tuple[GraphTopology, ...]:
+        """The topologies graphs are drawn from: as listed, or the one study fanout."""
+        if self.topologies is not None:
+            return self.topologies
+        return (GraphTopology(shape="fanout", widths=(self.workers_per_graph,)),)
 
     @classmethod
     def from_config(cls, workload: Mapping[str, Any]) -> WorkloadSettings:
@@ -111,15 +136,21 @@ class WorkloadSettings:
             workers_per_graph=workers,
             max_tokens=max_tokens,
             tool_delay=ToolDelay.from_config(workload["tool_delay"]),
+            topologies=graph_topologies(workload) if has_topologies(workload) else None,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """The settings as the manifest records them (`topologies` only when the config set it,
+        so a study manifest is what it was before the key existed)."""
+        out: dict[str, Any] = {
             "arrival_cv": self.arrival_cv,
             "workers_per_graph": self.workers_per_graph,
             "max_tokens": dict(self.max_tokens),
             "tool_delay": self.tool_delay.as_dict(),
         }
+        if self.topologies is not None:
+            out["topologies"] = [t.as_dict() for t in self.topologies]
+        return out
 
 
 def _positive(name: str, value: Any) -> float:
@@ -156,13 +187,16 @@ def compile_trace(
     tokenizer: str,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """Compile the trace of `condition` (its id, λ, σ, L and duration) in memory: (TRACE_SCHEMA
-    table, manifest without `checks` and `trace_sha256`)."""
+    table, manifest without `checks` and `trace_sha256`). A condition with an imported `trace`
+    is built from that trace (`servelab.workload.imported.import_condition`; `workload` unused)."""
     if not isinstance(condition.id, str) or not condition.id:
         raise ValueError(f"condition must be a non-empty string, got {condition.id!r}")
     if not isinstance(rep, str) or not _REP.match(rep):
         raise ValueError(f"rep must look like rep1, rep2, ..., got {rep!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if condition.trace is not None:
+        return import_condition(condition=condition, rep=rep, seed=seed, tokenizer=tokenizer)
     cond = _validated(condition)
     rate, sharing, duration_s = cond.rate, cond.sharing, cond.duration_s
     prompt_tokens = cond.prompt_tokens
@@ -184,9 +218,19 @@ def compile_trace(
             f"condition {cond.id} {rep}: no agent graph arrives within duration_s={duration_s} at rate {rate} "
             f"(expected {rate * duration_s:.2f}); lengthen the run"
         )
-    workers = settings.workers_per_graph
-    delays = tool_delays(seed, arrivals.size * workers, settings.tool_delay)
-    rows = graph_rows(arrivals, delays, workers, settings.max_tokens)
+    topologies = settings.graph_topologies
+    # each graph's shape: drawn only for a mix (a study trace draws nothing from "topology")
+    choice = draw_topologies(seed, int(arrivals.size), topologies)
+    widths = [topologies[k].widths for k in choice]
+    n_workers = sum(topologies[k].workers for k in choice)
+    delays = tool_delays(seed, n_workers, settings.tool_delay)
+    rows = layered_rows(
+        arrivals,
+        delays,
+        widths,
+        settings.max_tokens,
+        worker_width=worker_id_width(max(t.workers for t in topologies)),
+    )
     n = len(rows)
     if n * prompt_tokens > np.iinfo(np.int32).max:
         raise ValueError(
@@ -231,8 +275,8 @@ def compile_trace(
         "achieved_sharing": float(np.mean(sigma)),
         "n_graphs": int(arrivals.size),
         "n_requests": n,
-        "requests_per_graph": workers + 2,
-        "offered_load_rps": offered_load(cond, workers),
+        "requests_per_graph": mean_requests_per_graph(workload),
+        "offered_load_rps": offered_load(cond, workload),
         "workload": settings.as_dict(),
         "vocabulary": {
             "rule": "non-special ids decoding to ' ' + ASCII letters that encode back to exactly [id]",
@@ -253,6 +297,12 @@ def compile_trace(
         "engine_prompt_tokens": "L + 1: the engines prepend BOS to the L trace tokens",
         "servelab_version": __version__,
     }
+    if settings.topologies is not None:
+        drawn = np.bincount(choice, minlength=len(topologies))
+        manifest["topologies"] = [
+            {"name": t.name, "widths": list(t.widths), "weight": t.weight, "graphs": int(k)}
+            for t, k in zip(topologies, drawn, strict=True)
+        ]
     return table, manifest
 
 
@@ -269,8 +319,8 @@ def compile_trace_files(
     """Compile the trace of `condition`, validate it and atomically write trace.parquet and
     manifest.json; return the manifest.
 
-    Raises TraceValidationError (and writes nothing) if the compiled trace fails any of the six checks.
-    """
+    Raises TraceValidationError (and writes nothing) if the compiled trace fails any of its checks
+    (the six; an imported trace's five)."""
     table, manifest = compile_trace(
         condition=condition, rep=rep, seed=seed, workload=workload, tokenizer=tokenizer
     )
@@ -286,8 +336,9 @@ def write_validated_trace(
     trace_path: str | os.PathLike[str],
     manifest_path: str | os.PathLike[str],
 ) -> dict[str, Any]:
-    """Write `table` under a temporary name, run the six checks on the bytes written, and only if
-    all pass rename it into place and write `manifest` (with `trace_sha256` and `checks` added).
+    """Write `table` under a temporary name, run the checks (`checks_for(manifest)`: the six, or
+    an imported trace's five) on the bytes written, and only if all pass rename it into place and
+    write `manifest` (with `trace_sha256` and `checks` added).
 
     Raises TraceValidationError (and writes nothing) if any check fails.
     """
@@ -298,7 +349,7 @@ def write_validated_trace(
         failures = {name: res.detail for name, res in results.items() if not res.ok}
         if failures:
             raise TraceValidationError(str(trace_path), failures)
-        manifest["checks"] = {name: results[name].ok for name in CHECKS}
+        manifest["checks"] = {name: results[name].ok for name in checks_for(manifest)}
     write_json(manifest_path, manifest)
     return manifest
 

@@ -129,7 +129,9 @@ def compile_floor_trace_files(
     average three times over; a seed whose arrivals fall short doubles it (deterministically).
     """
     settings = WorkloadSettings.from_config(workload)
-    per_graph = settings.workers_per_graph + 2
+    # the smallest graph the workload may draw (the study's: 6), so that enough graphs are enough
+    # requests whichever shapes are drawn
+    per_graph = min(t.requests for t in settings.graph_topologies)
     duration_s = 3.0 * math.ceil(requests / per_graph) / FLOOR_SOURCE_RATE + 10.0
     # the compiler's own arrival stream: lengthen until it holds enough graphs, then compile once
     for _ in range(_MAX_LENGTHENINGS):

@@ -1,9 +1,9 @@
 """Loading a trace for dispatch (simulator or live dispatcher): validate first, always.
 
 `load_trace` refuses a trace unless
-1. its manifest records all six checks as passed,
+1. its manifest records all its checks as passed (the six; an imported trace's five: `checks_for`),
 2. the trace file's SHA-256 equals the manifest's `trace_sha256` (the bytes the compiler validated), and
-3. the six checks pass again on the bytes just read (they are vectorised: well under a second for the largest
+3. the checks pass again on the bytes just read (they are vectorised: well under a second for the largest
    trace of the grid; docs/benchmarks/trace_compile.md has the figures).
 Only then does it return the rows, as `TraceRequest`s for the shared release logic, and their prompts.
 """
@@ -25,7 +25,7 @@ from servelab.artifacts import (
     read_trace_manifest,
 )
 from servelab.workload.release import ReleaseTracker, TraceRequest
-from servelab.workload.validate import CHECKS, TokenColumn, TraceValidationError, run_checks
+from servelab.workload.validate import TokenColumn, TraceValidationError, checks_for, run_checks
 
 __all__ = ["LoadedTrace", "Prompt", "load_trace"]
 
@@ -73,10 +73,9 @@ def load_trace(
     manifest = read_trace_manifest(manifest_path)
     where = str(trace_path)
     recorded = manifest["checks"]
-    if not isinstance(recorded, dict) or any(recorded.get(name) is not True for name in CHECKS):
-        failed = [
-            n for n in CHECKS if not isinstance(recorded, dict) or recorded.get(n) is not True
-        ]
+    names = checks_for(manifest)
+    if not isinstance(recorded, dict) or any(recorded.get(name) is not True for name in names):
+        failed = [n for n in names if not isinstance(recorded, dict) or recorded.get(n) is not True]
         raise TraceValidationError(
             where, {name: f"not recorded as passed in {manifest_path}" for name in failed}
         )

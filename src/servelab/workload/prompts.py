@@ -35,6 +35,7 @@ __all__ = [
     "PromptError",
     "PromptSet",
     "build_prompts",
+    "draw_positions",
     "prefix_length",
     "warmup_prompts",
 ]
@@ -80,7 +81,7 @@ class PromptSet:
         return int(self.prefix_ids.size)
 
 
-def _draw(
+def draw_positions(
     rng: np.random.Generator, rows: int, length: int, m: int, parity: int | None
 ) -> np.ndarray:
     """Positions into the safe subset, shape (rows, length); column 0 restricted to `parity` if given."""
@@ -152,7 +153,7 @@ def _fill(
 ) -> tuple[np.ndarray, list[str], int]:
     """Draw `rows` distinct segments of `length` tokens that verify after `head`; return positions, texts, redraws."""
     m = len(vocab)
-    pos = _draw(rng, rows, length, m, parity)
+    pos = draw_positions(rng, rows, length, m, parity)
     texts: list[str] = [""] * rows
     pending = np.arange(rows)
     redrawn = 0
@@ -161,7 +162,7 @@ def _fill(
         for _round in range(MAX_ATTEMPTS):
             if not dup.size:
                 break
-            pos[dup] = _draw(rng, dup.size, length, m, parity)
+            pos[dup] = draw_positions(rng, dup.size, length, m, parity)
             redrawn += int(dup.size)
             pending = np.union1d(pending, dup)
             dup = _duplicates(pos)
@@ -175,7 +176,7 @@ def _fill(
             texts[r] = text
         if not bad.size:
             return pos, texts, redrawn
-        pos[bad] = _draw(rng, bad.size, length, m, parity)
+        pos[bad] = draw_positions(rng, bad.size, length, m, parity)
         redrawn += int(bad.size)
         pending = bad
     names = ", ".join(name(int(r)) for r in bad[:5])

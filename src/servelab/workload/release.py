@@ -5,6 +5,10 @@ A request with no predecessors is scheduled at its graph's arrival time. A reque
 predecessors is released when the last of them finishes (whatever its status: a failed planner
 still releases its workers, so the offered load does not depend on the engine under test), and is
 scheduled at that release time plus its own tool delay.
+
+"The last of them" is the latest finish time, not the last one reported: a client that reads its
+streams in batches may learn of the ends out of their (kernel-stamped) order, and a dependant is
+never due before any of its predecessors finished.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class ReleaseTracker:
         self._requests = {r.request_id: r for r in requests}
         self._waiting_on: dict[str, int] = {}
         self._dependents: dict[str, list[str]] = {rid: [] for rid in self._requests}
-        self._finished: set[str] = set()
+        self._finished: dict[str, float] = {}
         for r in self._requests.values():
             self._waiting_on[r.request_id] = len(r.depends_on)
             for dep in r.depends_on:
@@ -62,13 +66,14 @@ class ReleaseTracker:
         """Mark `request_id` finished at `t_s`; return the requests this releases."""
         if request_id in self._finished:
             raise ValueError(f"request {request_id} finished twice")
-        self._finished.add(request_id)
+        self._finished[request_id] = t_s
         released: list[tuple[float, str]] = []
         for dep in self._dependents[request_id]:
             self._waiting_on[dep] -= 1
             if self._waiting_on[dep] == 0:
                 r = self._requests[dep]
-                released.append((max(t_s, r.arrival_s) + r.tool_delay_s, dep))
+                last = max(self._finished[p] for p in r.depends_on)
+                released.append((max(last, r.arrival_s) + r.tool_delay_s, dep))
         return released
 
     @property

@@ -1,8 +1,14 @@
-"""L2: each arrival becomes a planner -> N workers -> aggregator graph; workers wait a tool-call delay.
+"""L2: each arrival becomes an agent graph (planner -> stages of workers -> aggregator); workers wait a
+tool-call delay.
+
+The study's graph is one stage of N workers (a fanout). Config ``workload.topologies`` adds chains
+(planner -> worker -> worker -> aggregator) and layered graphs, and a seeded mix of them: each
+graph's shape is drawn from stream "topology" (`draw_topologies`); `layered_rows` expands each
+arrival into its shape's rows (servelab.grid.topology describes the shapes).
 
 Request ids are zero-padded so that they sort in trace order: ``g00012-planner``, ``g00012-w1`` .. ``g00012-w4``,
 ``g00012-aggregator`` (graph numbers get more digits only beyond 99,999 graphs; worker numbers are padded when
-there are ten or more workers).
+a graph may have ten or more workers). Workers are numbered in row order, stage after stage.
 
 Tool-call delays (config ``workload.tool_delay``): ``lognormal`` with the given median and sigma (of the
 underlying normal), truncated to [min_s, max_s] by inverse-CDF sampling: u ~ U(F(min_s), F(max_s)), d = F⁻¹(u),
@@ -14,22 +20,26 @@ from.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from servelab.grid.config import ConfigError
+from servelab.grid.topology import GraphTopology
 from servelab.workload.streams import substream
 
 __all__ = [
     "ROLE_ORDER",
     "GraphRows",
     "ToolDelay",
+    "draw_topologies",
     "graph_rows",
+    "layered_rows",
     "request_id",
     "tool_delays",
+    "worker_id_width",
 ]
 
 ROLE_ORDER = {"planner": 0, "worker": 1, "aggregator": 2}
@@ -162,44 +172,119 @@ class GraphRows:
         return len(self.request_id)
 
 
-def graph_rows(
-    arrivals: np.ndarray, delays: np.ndarray, workers: int, max_tokens: Mapping[str, int]
-) -> GraphRows:
-    """Expand each arrival into planner, `workers` workers and an aggregator, in trace order.
+def draw_topologies(seed: int, n_graphs: int, topologies: Sequence[GraphTopology]) -> np.ndarray:
+    """Each graph's topology, as an index into `topologies` (int64, one per graph in arrival
+    order): drawn from stream "topology" with probability weight / total weight. With one
+    topology nothing is drawn (every index is 0).
 
-    `delays` holds one tool delay per worker, graph-major (``delays[g * workers + i]``).
+    One uniform u per graph picks the first topology whose cumulative share exceeds u
+    (`numpy.searchsorted` over the cumulative weights): plain float64 arithmetic on the stream's
+    doubles, so the choice is the same on any machine.
+    """
+    if n_graphs < 0:
+        raise ValueError(f"n_graphs must be >= 0, got {n_graphs}")
+    if not topologies:
+        raise ValueError("at least one topology is needed")
+    if len(topologies) == 1:
+        return np.zeros(n_graphs, dtype=np.int64)
+    # a sequential cumulative sum over its own last element: the same doubles on every machine,
+    # and the last share exactly 1.0, so u < 1 never picks past the last topology
+    cumulative = np.cumsum(np.asarray([t.weight for t in topologies], dtype=np.float64))
+    cumulative /= cumulative[-1]
+    u = substream(seed, "topology").random(n_graphs)
+    picks = np.searchsorted(cumulative, u, side="right")
+    return np.minimum(picks, len(topologies) - 1).astype(np.int64)
+
+
+def worker_id_width(max_workers: int) -> int:
+    """Digits of worker numbers: 1 below ten workers per graph, else enough for the most."""
+    return 1 if max_workers < 10 else len(str(max_workers))
+
+
+def layered_rows(
+    arrivals: np.ndarray,
+    delays: np.ndarray,
+    widths: Sequence[tuple[int, ...]],
+    max_tokens: Mapping[str, int],
+    *,
+    worker_width: int,
+) -> GraphRows:
+    """Expand each arrival into its graph, in trace order: the planner, the workers stage by
+    stage, the aggregator. `widths[g]` is graph g's stage widths; a worker of stage 1 depends on
+    the planner, one of stage k on every worker of stage k - 1, the aggregator on every worker of
+    the last stage.
+
+    `delays` holds one tool delay per worker, graph-major, in row order.
     """
     n_graphs = int(arrivals.size)
-    if delays.size != n_graphs * workers:
-        raise ValueError(f"expected {n_graphs * workers} tool delays, got {delays.size}")
-    per_graph = workers + 2
+    if len(widths) != n_graphs:
+        raise ValueError(f"expected {n_graphs} graph shapes, got {len(widths)}")
+    sizes = np.asarray([sum(w) + 2 for w in widths], dtype=np.int64)
+    n_workers = int(sizes.sum()) - 2 * n_graphs
+    if delays.size != n_workers:
+        raise ValueError(f"expected {n_workers} tool delays, got {delays.size}")
+    n = int(sizes.sum())
     gw = max(5, len(str(max(n_graphs - 1, 0))))
-    ww = 1 if workers < 10 else len(str(workers))
     ids: list[str] = []
     roles: list[str] = []
     deps: list[list[str]] = []
-    tool = np.zeros(n_graphs * per_graph, dtype=np.float64)
-    caps = np.empty(n_graphs * per_graph, dtype=np.int32)
+    tool = np.zeros(n, dtype=np.float64)
+    caps = np.empty(n, dtype=np.int32)
+    row = 0
+    used = 0
     for g in range(n_graphs):
         planner = request_id(g, "planner", graph_width=gw)
-        worker_ids = [
-            request_id(g, "worker", i, graph_width=gw, worker_width=ww)
-            for i in range(1, workers + 1)
-        ]
-        ids += [planner, *worker_ids, request_id(g, "aggregator", graph_width=gw)]
-        roles += ["planner", *(["worker"] * workers), "aggregator"]
-        deps += [[], *([[planner]] * workers), worker_ids]
-        base = g * per_graph
-        tool[base + 1 : base + 1 + workers] = delays[g * workers : (g + 1) * workers]
-        caps[base] = max_tokens["planner"]
-        caps[base + 1 : base + 1 + workers] = max_tokens["worker"]
-        caps[base + 1 + workers] = max_tokens["aggregator"]
+        ids.append(planner)
+        roles.append("planner")
+        deps.append([])
+        caps[row] = max_tokens["planner"]
+        row += 1
+        previous = [planner]
+        number = 0
+        for width in widths[g]:
+            stage = []
+            for _ in range(width):
+                number += 1
+                stage.append(
+                    request_id(g, "worker", number, graph_width=gw, worker_width=worker_width)
+                )
+            ids += stage
+            roles += ["worker"] * width
+            deps += [previous] * width
+            previous = stage
+        workers = number
+        tool[row : row + workers] = delays[used : used + workers]
+        caps[row : row + workers] = max_tokens["worker"]
+        row += workers
+        used += workers
+        ids.append(request_id(g, "aggregator", graph_width=gw))
+        roles.append("aggregator")
+        deps.append(previous)
+        caps[row] = max_tokens["aggregator"]
+        row += 1
     return GraphRows(
         request_id=ids,
-        graph_id=np.repeat(np.arange(n_graphs, dtype=np.int32), per_graph),
+        graph_id=np.repeat(np.arange(n_graphs, dtype=np.int32), sizes),
         role=roles,
-        arrival_s=np.repeat(np.asarray(arrivals, dtype=np.float64), per_graph),
+        arrival_s=np.repeat(np.asarray(arrivals, dtype=np.float64), sizes),
         depends_on=deps,
         tool_delay_s=tool,
         max_tokens=caps,
+    )
+
+
+def graph_rows(
+    arrivals: np.ndarray, delays: np.ndarray, workers: int, max_tokens: Mapping[str, int]
+) -> GraphRows:
+    """Expand each arrival into planner, `workers` workers and an aggregator (the study's fanout),
+    in trace order.
+
+    `delays` holds one tool delay per worker, graph-major (``delays[g * workers + i]``).
+    """
+    return layered_rows(
+        arrivals,
+        delays,
+        [(workers,)] * int(arrivals.size),
+        max_tokens,
+        worker_width=worker_id_width(workers),
     )

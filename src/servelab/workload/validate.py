@@ -24,15 +24,43 @@ Checks, by name (each passes or fails on the whole trace; a failure names the fi
 ``tool_delays_bounded``
     Every tool delay is finite and in [0, workload.tool_delay.max_s]; requests other than workers have none.
 
-All checks are vectorised or linear in the number of requests, so the loader runs them before every dispatch.
-With ``retokenize=True`` a seventh entry, ``tokenization_exact``, re-encodes every prompt text with the
+``graphs_acyclic_resolvable`` also holds every dependant to come after its predecessors in the trace (the rows
+are a topological order), and, for an agent-graph trace, each graph to be a planner, stages of workers and an
+aggregator (servelab.grid.topology): one planner first, without predecessors; one aggregator last; a worker of
+stage 1 depending on the planner, of stage k on every worker of stage k − 1; the aggregator on every worker of
+the last stage; and each graph's stage widths one of the manifest's `topologies` (or the fanout of
+`workload.workers_per_graph` when it lists none), as many graphs of each as it records. A floor trace (a
+closed-loop chain, manifest field `floor`) is held to the generic part only.
+
+An imported trace (manifest field `imported`; servelab.workload.imported) has no shared prefix of fixed length and
+no tool calls; it is held to five checks, `IMPORTED_CHECKS`:
+
+``prefix_sha256``
+    As above, with F the longest common prefix of all prompts (the manifest's `prefix_tokens`, usually 0); the
+    rows' `prefix_tokens` hold each request's own shared prefix instead (next check).
+``prefix_accounting``
+    Every prompt is non-empty; every row's `prefix_tokens` is the longest common prefix of its prompt with any
+    earlier prompt of the trace (`shared_with_earlier`: what a prefix cache holding every earlier prompt could
+    serve); the manifest's `achieved_sharing` is the mean of prefix_tokens / length, and its `sharing` the same.
+``graphs_acyclic_resolvable``
+    The generic part above; every graph is one request (role planner) without dependencies.
+``arrivals_ordered``
+    As above.
+``tool_delays_bounded``
+    Every tool delay is 0.
+
+All checks are vectorised or linear in the number of requests (`shared_with_earlier` is n log n), so the loader
+runs them before every dispatch.
+With ``retokenize=True`` one more entry, ``tokenization_exact``, re-encodes every prompt text with the
 manifest's tokenizer and compares it with the stored ids (what the compiler already verified for every prompt).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,16 +75,20 @@ from servelab.workload.topology import ROLE_ORDER
 
 __all__ = [
     "CHECKS",
+    "IMPORTED_CHECKS",
     "SHARING_TOLERANCE",
     "CheckResult",
     "TokenColumn",
     "TraceValidationError",
     "check_results",
     "check_trace",
+    "checks_for",
     "manifest_value",
     "measure_sharing",
     "prefix_ids_sha256",
     "run_checks",
+    "shared_with_earlier",
+    "trace_kind",
     "validate_trace",
 ]
 
@@ -68,8 +100,31 @@ CHECKS = (
     "arrivals_ordered",
     "tool_delays_bounded",
 )
+# The checks of an imported trace (module docstring).
+IMPORTED_CHECKS = (
+    "prefix_sha256",
+    "prefix_accounting",
+    "graphs_acyclic_resolvable",
+    "arrivals_ordered",
+    "tool_delays_bounded",
+)
 SHARING_TOLERANCE = 0.01
 _ACHIEVED_EPS = 1e-9
+
+
+def trace_kind(manifest: Mapping[str, Any]) -> str:
+    """`imported` (manifest field `imported`), `floor` (field `floor`: a closed-loop chain) or
+    `graphs` (the compiler's agent graphs)."""
+    if "imported" in manifest:
+        return "imported"
+    if "floor" in manifest:
+        return "floor"
+    return "graphs"
+
+
+def checks_for(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The checks a trace of this manifest's kind must pass: `CHECKS`, or `IMPORTED_CHECKS`."""
+    return IMPORTED_CHECKS if trace_kind(manifest) == "imported" else CHECKS
 
 
 @dataclass(frozen=True)
@@ -145,6 +200,39 @@ def measure_sharing(tokens: TokenColumn, prefix_tokens: np.ndarray) -> tuple[int
     return shared, shared / lengths
 
 
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(a.size, b.size)
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if diff.size else m
+
+
+def shared_with_earlier(tokens: TokenColumn) -> np.ndarray:
+    """Per prompt, in row order, the longest common prefix (in token ids) with any earlier prompt:
+    the tokens a prefix cache holding every earlier prompt could serve it (0 for the first).
+
+    The earlier prompts are kept sorted (as big-endian bytes, so byte order is id order and a
+    prefix sorts first); the longest common prefix with a sorted set is the longer of those with
+    the prompt's two neighbours in it, so each prompt costs a binary search and two comparisons.
+    """
+    out = np.zeros(tokens.n, dtype=np.int64)
+    keys: list[bytes] = []
+    rows: list[int] = []
+    big_endian = tokens.values.astype(">u4")
+    for r in range(tokens.n):
+        start, stop = int(tokens.offsets[r]), int(tokens.offsets[r + 1])
+        key = big_endian[start:stop].tobytes()
+        at = bisect.bisect_left(keys, key)
+        prompt = tokens.row(r)
+        best = 0
+        for neighbour in (at - 1, at):
+            if 0 <= neighbour < len(keys):
+                best = max(best, _lcp(prompt, tokens.row(rows[neighbour])))
+        out[r] = best
+        keys.insert(at, key)
+        rows.insert(at, r)
+    return out
+
+
 def _check_prefix(
     table: pa.Table, tokens: TokenColumn, manifest: Mapping[str, Any], where: str
 ) -> str:
@@ -159,11 +247,15 @@ def _check_prefix(
         return "the manifest's prefix_text does not hash to its prefix_sha256"
     if isinstance(f, bool) or not isinstance(f, int) or f < 0:
         return f"manifest prefix_tokens {f!r} is not a non-negative integer"
-    column_f = table.column("prefix_tokens").to_numpy()
-    wrong = np.flatnonzero(column_f != f)
-    if wrong.size:
-        r = int(wrong[0])
-        return f"request {ids[r]}: prefix_tokens {int(column_f[r])} != manifest prefix_tokens {f}"
+    imported = trace_kind(manifest) == "imported"
+    if not imported:  # an imported trace's rows hold each request's own shared prefix
+        column_f = table.column("prefix_tokens").to_numpy()
+        wrong = np.flatnonzero(column_f != f)
+        if wrong.size:
+            r = int(wrong[0])
+            return (
+                f"request {ids[r]}: prefix_tokens {int(column_f[r])} != manifest prefix_tokens {f}"
+            )
     short = np.flatnonzero(tokens.lengths < f)
     if short.size:
         r = int(short[0])
@@ -189,6 +281,10 @@ def _check_prefix(
         )
     if prefix_ids_sha256(ref) != manifest_value(manifest, "prefix_ids_sha256", where):
         return "the prompts' first F token ids do not hash to the manifest's prefix_ids_sha256"
+    if imported and tokens.n > 1:
+        common, _ = measure_sharing(tokens, np.zeros(tokens.n, dtype=np.int64))
+        if common != f:
+            return f"manifest prefix_tokens {f} != {common}, the longest prefix all prompts share"
     return ""
 
 
@@ -211,6 +307,37 @@ def _check_sharing(
     mean = float(np.mean(sigma))
     if not isinstance(recorded, int | float) or abs(float(recorded) - mean) > _ACHIEVED_EPS:
         return f"manifest achieved_sharing {recorded!r} != measured {mean!r}"
+    return ""
+
+
+def _check_accounting(
+    table: pa.Table, tokens: TokenColumn, manifest: Mapping[str, Any], where: str
+) -> str:
+    """An imported trace's prefix-sharing accounting (module docstring, ``prefix_accounting``)."""
+    ids = table.column("request_id").to_pylist()
+    if tokens.n == 0:
+        return "the trace has no prompts"
+    empty = np.flatnonzero(tokens.lengths == 0)
+    if empty.size:
+        return f"request {ids[int(empty[0])]}: empty prompt"
+    column = table.column("prefix_tokens").to_numpy().astype(np.int64)
+    shared = shared_with_earlier(tokens)
+    wrong = np.flatnonzero(column != shared)
+    if wrong.size:
+        r = int(wrong[0])
+        return (
+            f"request {ids[r]}: prefix_tokens {int(column[r])} != {int(shared[r])}, the longest "
+            "prefix it shares with an earlier prompt"
+        )
+    mean = float(np.mean(shared / tokens.lengths))
+    for key in ("achieved_sharing", "sharing"):
+        recorded = manifest_value(manifest, key, where)
+        if (
+            isinstance(recorded, bool)
+            or not isinstance(recorded, int | float)
+            or abs(float(recorded) - mean) > _ACHIEVED_EPS
+        ):
+            return f"manifest {key} {recorded!r} != measured {mean!r}"
     return ""
 
 
@@ -273,12 +400,136 @@ def _check_graphs(table: pa.Table, manifest: Mapping[str, Any], where: str) -> s
             f"graph {graphs[stuck]}: request {ids[stuck]} is never released "
             f"(a dependency cycle; {len(ids) - resolved} request(s) unreachable)"
         )
+    problem = _check_row_order(ids, graphs, deps, index)
+    if problem:
+        return problem
     n_requests = manifest_value(manifest, "n_requests", where)
     n_graphs = manifest_value(manifest, "n_graphs", where)
     if n_requests != len(ids):
         return f"manifest n_requests {n_requests!r} != {len(ids)} rows"
     if n_graphs != len(set(graphs)):
         return f"manifest n_graphs {n_graphs!r} != {len(set(graphs))} graphs in the trace"
+    kind = trace_kind(manifest)
+    if kind == "imported":
+        return _check_single_requests(ids, graphs, roles, deps)
+    if kind == "graphs":
+        return _check_graph_shapes(ids, graphs, roles, deps, manifest, where)
+    return ""
+
+
+def _check_row_order(
+    ids: list[str], graphs: list[int], deps: list[list[str]], index: Mapping[str, int]
+) -> str:
+    """Every dependant comes after its predecessors: the rows are a topological order."""
+    for r, rid in enumerate(ids):
+        for dep in deps[r]:
+            if index[dep] > r:
+                return (
+                    f"graph {graphs[r]}: request {rid} comes before its predecessor {dep} "
+                    "(a dependant must follow its predecessors in the trace)"
+                )
+    return ""
+
+
+def _check_single_requests(
+    ids: list[str], graphs: list[int], roles: list[str], deps: list[list[str]]
+) -> str:
+    """An imported trace: every graph is one request, a planner without predecessors."""
+    seen: set[int] = set()
+    for r, rid in enumerate(ids):
+        if roles[r] != "planner" or deps[r]:
+            return (
+                f"graph {graphs[r]}: request {rid} ({roles[r]}, {len(deps[r])} predecessor(s)) "
+                "is not a lone request (an imported trace's graphs are single planners)"
+            )
+        if graphs[r] in seen:
+            return f"graph {graphs[r]}: request {rid} is its second request"
+        seen.add(graphs[r])
+    return ""
+
+
+def _stage_widths(
+    rows: list[int], ids: list[str], roles: list[str], deps: list[list[str]], graph: int
+) -> tuple[tuple[int, ...], str]:
+    """One graph's stage widths (planner -> stages of workers -> aggregator), or a reason it is
+    not such a graph. `rows` are the graph's rows, in trace order."""
+    first, last = rows[0], rows[-1]
+    planners = [r for r in rows if roles[r] == "planner"]
+    aggregators = [r for r in rows if roles[r] == "aggregator"]
+    if planners != [first] or aggregators != [last] or len(rows) < 3:
+        return (), (
+            f"graph {graph}: {len(planners)} planner(s) and {len(aggregators)} aggregator(s) "
+            f"in {len(rows)} request(s); a graph is one planner first, workers, one aggregator last"
+        )
+    if deps[first]:
+        return (), f"graph {graph}: planner {ids[first]} has predecessors {deps[first]}"
+    stage = {ids[first]: 0}
+    members: list[list[str]] = [[ids[first]]]
+    for r in rows[1:-1]:
+        if not deps[r]:
+            return (), f"graph {graph}: worker {ids[r]} has no predecessor"
+        # every predecessor is an earlier row of the graph (checked before): the planner or a worker
+        k = 1 + max(stage[d] for d in deps[r])
+        if k == len(members):
+            members.append([])
+        members[k].append(ids[r])
+        stage[ids[r]] = k
+    for r in rows[1:-1]:
+        want = members[stage[ids[r]] - 1]
+        if deps[r] != want:
+            return (), (
+                f"graph {graph}: worker {ids[r]} depends on {deps[r]}, not on exactly the "
+                f"stage before it {want}"
+            )
+    if len(members) < 2 or deps[last] != members[-1]:
+        return (), (
+            f"graph {graph}: aggregator {ids[last]} depends on {deps[last]}, not on exactly "
+            f"the last stage of workers {members[-1] if len(members) > 1 else []}"
+        )
+    return tuple(len(m) for m in members[1:]), ""
+
+
+def _check_graph_shapes(
+    ids: list[str],
+    graphs: list[int],
+    roles: list[str],
+    deps: list[list[str]],
+    manifest: Mapping[str, Any],
+    where: str,
+) -> str:
+    """The compiler's agent graphs: each a planner, stages of workers, an aggregator, of one of the
+    manifest's topologies, as many of each as it records."""
+    rows_of: dict[int, list[int]] = {}
+    for r, g in enumerate(graphs):
+        rows_of.setdefault(g, []).append(r)
+    listed = manifest.get("topologies")
+    # each allowed shape's stage widths -> (its name, the graphs the manifest records or None)
+    allowed: dict[tuple[int, ...], tuple[str, int | None]]
+    if listed is None:
+        workers = manifest_value(manifest, "workload.workers_per_graph", where)
+        allowed = {(int(workers),): ("fanout", None)}
+    else:
+        allowed = {
+            tuple(int(w) for w in t["widths"]): (str(t["name"]), int(t["graphs"])) for t in listed
+        }
+    counts: Counter[tuple[int, ...]] = Counter()
+    for g, rows in rows_of.items():
+        widths, problem = _stage_widths(rows, ids, roles, deps, g)
+        if problem:
+            return problem
+        if widths not in allowed:
+            shapes = ", ".join(f"{name} {list(w)}" for w, (name, _) in allowed.items())
+            return (
+                f"graph {g}: its workers form stages {list(widths)}, not a topology of the "
+                f"manifest ({shapes})"
+            )
+        counts[widths] += 1
+    for widths, (name, recorded) in allowed.items():
+        if recorded is not None and counts[widths] != recorded:
+            return (
+                f"manifest topologies: {name} records {recorded} graph(s), the trace has "
+                f"{counts[widths]}"
+            )
     return ""
 
 
@@ -325,7 +576,9 @@ def _check_arrivals(table: pa.Table, manifest: Mapping[str, Any], where: str) ->
 
 
 def _check_delays(table: pa.Table, manifest: Mapping[str, Any], where: str) -> str:
-    max_s = float(manifest_value(manifest, "workload.tool_delay.max_s", where))
+    imported = trace_kind(manifest) == "imported"
+    # an imported trace has no tool calls: its bound is 0
+    max_s = 0.0 if imported else float(manifest_value(manifest, "workload.tool_delay.max_s", where))
     ids = table.column("request_id").to_pylist()
     delay = table.column("tool_delay_s").to_numpy()
     worker = np.asarray(table.column("role").to_pylist(), dtype=object) == "worker"
@@ -343,17 +596,27 @@ def _check_delays(table: pa.Table, manifest: Mapping[str, Any], where: str) -> s
 def run_checks(
     table: pa.Table, manifest: Mapping[str, Any], where: str = "trace"
 ) -> dict[str, CheckResult]:
-    """Run the six checks on a TRACE_SCHEMA table against its manifest; `where` names the files in messages."""
+    """Run the checks of the trace's kind (`checks_for`: the six, or an imported trace's five) on a
+    TRACE_SCHEMA table against its manifest; `where` names the files in messages."""
     tokens = TokenColumn(table)
-    details = {
-        "prefix_sha256": _check_prefix(table, tokens, manifest, where),
-        "achieved_sharing": _check_sharing(table, tokens, manifest, where),
-        "suffixes_distinct": _check_suffixes(table, tokens, manifest, where),
-        "graphs_acyclic_resolvable": _check_graphs(table, manifest, where),
-        "arrivals_ordered": _check_arrivals(table, manifest, where),
-        "tool_delays_bounded": _check_delays(table, manifest, where),
-    }
-    return {name: CheckResult(name, not details[name], details[name]) for name in CHECKS}
+    names = checks_for(manifest)
+    details: dict[str, str] = {}
+    for name in names:
+        if name == "prefix_sha256":
+            details[name] = _check_prefix(table, tokens, manifest, where)
+        elif name == "achieved_sharing":
+            details[name] = _check_sharing(table, tokens, manifest, where)
+        elif name == "suffixes_distinct":
+            details[name] = _check_suffixes(table, tokens, manifest, where)
+        elif name == "prefix_accounting":
+            details[name] = _check_accounting(table, tokens, manifest, where)
+        elif name == "graphs_acyclic_resolvable":
+            details[name] = _check_graphs(table, manifest, where)
+        elif name == "arrivals_ordered":
+            details[name] = _check_arrivals(table, manifest, where)
+        else:
+            details[name] = _check_delays(table, manifest, where)
+    return {name: CheckResult(name, not details[name], details[name]) for name in names}
 
 
 def _retokenize(table: pa.Table, tokenizer: str) -> str:
@@ -385,7 +648,8 @@ def validate_trace(
     *,
     retokenize: bool = False,
 ) -> dict[str, bool]:
-    """The six check results by name (plus ``tokenization_exact`` with `retokenize`).
+    """The check results by name (the six, or an imported trace's five; plus
+    ``tokenization_exact`` with `retokenize`).
 
     Raises ArtifactError (naming the file) when a file is missing or does not match its schema.
     """
