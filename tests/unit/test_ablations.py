@@ -363,3 +363,42 @@ def test_the_configuration_an_ablation_ran_is_written_back_as_it_is_read(
         again = read_config_file(path)
         assert again == ablation.config
         assert prepare_config(again) == ablation.config
+
+
+def test_every_gpu_preset_is_cited_with_its_numbers() -> None:
+    """Each GPU of the cost model states its data-sheet FLOPs and bandwidth and its nvidia-smi
+    memory in docs/simulator.md (and presets.py cites the sheet beside each constant)."""
+    doc = " ".join((REPO / "docs" / "simulator.md").read_text().split())
+    source = (REPO / "src" / "servelab" / "sim" / "presets.py").read_text()
+    for name, gpu in GPUS.items():
+        if name == "CPU":
+            continue
+        assert f"{gpu.peak_bf16_flops / 1e12:.0f} TFLOPS" in doc, name
+        assert f"{gpu.mem_bandwidth / 1e9:,.0f} GB/s" in doc, name
+        assert f"{gpu.memory_mib:,}" in doc, name
+        assert f'"{name}": GpuPreset(' in source
+    assert "data sheet" in source and "modal-labs/modal-client pull request #2797" in source
+
+
+TOPOLOGIES = """
+ablation:
+  question: Do the gaps hold for deeper chains and a mix of graph shapes?
+  variants:
+    chain-4: {workload: {topologies: [{shape: chain, depth: 4}]}}
+    mix: {workload: {topologies: [{shape: fanout, weight: 2}, {shape: chain, depth: 2}]}}
+"""
+
+
+def test_a_topologies_ablation_is_one_file(tmp_path: Path) -> None:
+    """docs/ablations.md's example: the workload's topologies (issue 29's workload part) reach each
+    variant's campaign, the rest of the study's configuration unchanged."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    _write(tmp_path, "topologies.yaml", TOPOLOGIES)
+    found = {a.id: a for a in load_ablations(tmp_path)}
+    assert sorted(found) == ["topologies/chain-4", "topologies/mix"]
+    chain = found["topologies/chain-4"].config["workload"]
+    assert chain["topologies"] == [{"shape": "chain", "depth": 4}]
+    assert chain["workers_per_graph"] == 4  # the study's, merged key by key
+    assert len(found["topologies/mix"].config["workload"]["topologies"]) == 2
+    assert found["topologies/mix"].results_dir == "results/ablations/topologies/mix"

@@ -15,7 +15,11 @@ rule campaign_status:
         "../../environment.yml"
     params:
         # a digest of the artifacts the status reads: the CSV is rebuilt when they changed
-        artifacts=lambda wildcards: artifacts_fingerprint("results"),
+        # (of the folder its output is in: results/, or an ablation's; a function of wildcards
+        # alone, so that a change is seen when the DAG is built)
+        artifacts=lambda wildcards: artifacts_fingerprint(
+            Path(rules.campaign_status.output.csv).parent
+        ),
     message:
         "write results/campaign_status.csv"
     script:
