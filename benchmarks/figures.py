@@ -83,6 +83,9 @@ SOURCES: dict[str, tuple[Command, ...]] = {
     "cpu-pair-engines": (
         (None, (PY, "benchmarks/cpu_pair_engines.py", "--json", "--out", "{tmp}/out")),
     ),
+    "ablations": (
+        (None, (PY, "benchmarks/table5_wall.py", "--json", "--target", "ablations")),
+    ),
 }  # fmt: skip
 
 
