@@ -40,13 +40,14 @@ from servelab.sim.run import sim_deploy
 from servelab.workflow_io import ABLATIONS_ENV, ablations_requested
 
 REPO = Path(__file__).resolve().parents[2]
-# The ablations of issue 29's first part; `topologies` and `real-trace` join them as files.
+# The ablations of issue 29 (each variant its own campaign); `topologies` joins them as a file.
 EXPECTED = [
     "gpus/a100-40gb",
     "gpus/a100-80gb",
     "gpus/h100-80gb",
     "matched-memory",
     "matched-sharing",
+    "real-trace",
     "run-length/300s",
     "run-length/600s",
     "run-length/1200s",
