@@ -4,8 +4,10 @@
     .venv/bin/python benchmarks/ablations.py --results results
 
 Reads only analysis outputs: results/ablations/summary.csv (every ablation's Table 5 beside the
-study's), each ablation's table4.csv, numbers.json (the fluid model, throughput) and ablation.json
-(what was derived). Prints markdown, one section per ablation: the study grid's value beside the
+study's; without it, the study's and each built ablation's own table5.csv), each ablation's
+table4.csv, numbers.json (the fluid model, throughput), ablation.json (what was derived) and its
+traces' manifests (the topologies drawn, the trace lines replayed). An ablation not built is named
+as such. Prints markdown, one section per ablation: the study grid's value beside the
 ablation's for the rows that answer its question.
 """
 
@@ -42,12 +44,25 @@ def _phi(row: dict[str, str] | None) -> str:
 
 
 def summary(results: Path) -> dict[tuple[str, str], dict[tuple[str, str], dict[str, str]]]:
-    """(ablation, variant) -> (condition, metric) -> its Table 5 row."""
+    """(ablation, variant) -> (condition, metric) -> its Table 5 row: from summary.csv (target
+    `ablations`), else from the study's and each built ablation's own table5.csv (an ablation
+    built alone)."""
     out: dict[tuple[str, str], dict[tuple[str, str], dict[str, str]]] = {}
-    with (results / "ablations" / "summary.csv").open(newline="") as f:
-        for row in csv.DictReader(f):
-            key = (row["ablation"], row["variant"])
-            out.setdefault(key, {})[(row["condition"], row["metric"])] = row
+    path = results / "ablations" / "summary.csv"
+    if path.is_file():
+        with path.open(newline="") as f:
+            for row in csv.DictReader(f):
+                key = (row["ablation"], row["variant"])
+                out.setdefault(key, {})[(row["condition"], row["metric"])] = row
+        return out
+    tables = {("study", ""): results / "table5.csv"}
+    for table in sorted((results / "ablations").glob("**/table5.csv")):
+        parts = table.parent.relative_to(results / "ablations").parts
+        tables[(parts[0], "/".join(parts[1:]))] = table
+    for key, table in tables.items():
+        if table.is_file():
+            for row in _csv(table):
+                out.setdefault(key, {})[(row["condition"], row["metric"])] = row
     return out
 
 
@@ -200,12 +215,99 @@ def matched_sharing(results: Path, tables: Any) -> str:
     )
 
 
+def topologies(results: Path, tables: Any) -> str:
+    study = tables[("study", "")]
+    variants = ("chain-2", "mix")
+    header = ["condition, metric", "defaults: study", *(f"defaults: {v}" for v in variants)]
+    header += ["matched: study", *(f"matched: {v}" for v in variants)]
+    rows = []
+    for cm in study:
+        line = [f"{cm[0]}, {cm[1]}"]
+        for arm in ("defaults", "matched"):
+            line.append(_gap(study[cm], arm))
+            line += [_gap(tables.get(("topologies", v), {}).get(cm), arm) for v in variants]
+        rows.append(line)
+    drawn = []
+    for v in variants:
+        for manifest in sorted(
+            (results / "ablations" / "topologies" / v).glob("traces/*/*/manifest.json")
+        ):
+            m = json.loads(manifest.read_text())
+            shapes = ", ".join(f"{s['name']} {s['graphs']}" for s in m["topologies"])
+            drawn.append([v, m["condition"], m["rep"], f"{m['requests_per_graph']:g}", shapes])
+    return "\n\n".join(
+        [
+            "### topologies\n\nTable 5, the study grid (fanout of 4) beside each topology:",
+            _table(header, rows),
+            "The graphs each trace drew (requests per graph, graphs per shape):",
+            _table(["variant", "condition", "rep", "requests/graph", "graphs"], drawn),
+        ]
+    )
+
+
+def real_trace(results: Path, tables: Any) -> str:
+    folder = results / "ablations" / "real-trace"
+    rows = [
+        [f"{cm[0]}, {cm[1]}", _gap(row, "defaults"), _gap(row, "matched"), _phi(row)]
+        for cm, row in tables[("real-trace", "")].items()
+    ]
+    replayed = []
+    for manifest in sorted(folder.glob("traces/*/*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        how = m["imported"]
+        replayed.append(
+            [
+                m["condition"],
+                m["rep"],
+                str(m["n_requests"]),
+                f"{m['n_requests'] / m['duration_s']:.3f}",
+                f"{how['first_line']}-{how['last_line']}",
+                f"{how['time_scale']:.3g}",
+                f"{m['achieved_sharing']:.3f}",
+                f"{how['prompt_tokens']['mean']:.0f}",
+            ]
+        )
+    return "\n\n".join(
+        [
+            "### real-trace\n\nTable 5 of the replayed trace, both arms:",
+            _table(["condition, metric", "defaults", "matched", "φ"], rows),
+            "What each replay took from the trace (realised rate = requests ÷ duration):",
+            _table(
+                [
+                    "condition",
+                    "rep",
+                    "requests",
+                    "realised rps",
+                    "lines",
+                    "time scale",
+                    "sharing",
+                    "mean prompt",
+                ],
+                replayed,
+            ),
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("results"), help="results folder")
     args = parser.parse_args()
     tables = summary(args.results)
-    for section in (sglang_fcfs, matched_sharing, matched_memory, run_length, gpus):
+    sections = {
+        "sglang-fcfs": sglang_fcfs,
+        "matched-sharing": matched_sharing,
+        "matched-memory": matched_memory,
+        "run-length": run_length,
+        "gpus": gpus,
+        "topologies": topologies,
+        "real-trace": real_trace,
+    }
+    built = {name for name, _ in tables}
+    for name, section in sections.items():
+        if name not in built:
+            print(f"### {name}\n\nnot built: no results/ablations/{name}/ under {args.results}\n")
+            continue
         print(section(args.results, tables))
         print()
 

@@ -4,6 +4,7 @@ ablation does not expect."""
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from servelab.analysis.ablations import ablation_summary
+from servelab.artifacts import TRACE_SCHEMA, read_parquet
 from servelab.campaign.ablations import (
     ABLATIONS_DIR,
     Ablation,
@@ -38,19 +40,23 @@ from servelab.grid.config import (
 from servelab.sim.presets import GPUS, model_preset
 from servelab.sim.run import sim_deploy
 from servelab.workflow_io import ABLATIONS_ENV, ablations_requested
+from servelab.workload import compile_from_config
 
 REPO = Path(__file__).resolve().parents[2]
-# The ablations of issue 29's first part; `topologies` and `real-trace` join them as files.
+# The seven ablations of issue 29, each variant its own campaign.
 EXPECTED = [
     "gpus/a100-40gb",
     "gpus/a100-80gb",
     "gpus/h100-80gb",
     "matched-memory",
     "matched-sharing",
+    "real-trace",
     "run-length/300s",
     "run-length/600s",
     "run-length/1200s",
     "sglang-fcfs",
+    "topologies/chain-2",
+    "topologies/mix",
 ]
 
 
@@ -402,3 +408,50 @@ def test_a_topologies_ablation_is_one_file(tmp_path: Path) -> None:
     assert chain["workers_per_graph"] == 4  # the study's, merged key by key
     assert len(found["topologies/mix"].config["workload"]["topologies"]) == 2
     assert found["topologies/mix"].results_dir == "results/ablations/topologies/mix"
+
+
+def _graphs(trace: Path) -> list[list[tuple[str, list[str]]]]:
+    """Each graph of a compiled trace as its rows' (role, predecessors' roles), in row order."""
+    rows = read_parquet(trace, TRACE_SCHEMA).to_pylist()
+    role = {r["request_id"]: r["role"] for r in rows}
+    graphs: dict[int, list[tuple[str, list[str]]]] = {}
+    for r in rows:
+        graphs.setdefault(r["graph_id"], []).append((r["role"], [role[d] for d in r["depends_on"]]))
+    return list(graphs.values())
+
+
+def test_the_topologies_ablation_compiles_a_chain_and_a_mix(
+    ablations: dict[str, Ablation], tmp_path: Path
+) -> None:
+    """config/ablations/topologies.yaml: `chain-2` is planner -> worker -> worker -> aggregator in
+    every graph; `mix` draws all three shapes. Compiled at λ 0.28 for 200 s (the shipped grid's
+    rate, a shorter run), as the compile rule does."""
+    shapes = {}
+    for variant in ("chain-2", "mix"):
+        config = copy.deepcopy(ablations[f"topologies/{variant}"].config)
+        (rate,) = [c for c in config["conditions"] if c["rate"] == 0.28]
+        config["conditions"] = [{**rate, "duration_s": 200}]
+        out = tmp_path / variant
+        manifest = compile_from_config(
+            config,
+            "rate-0.28",
+            "rep1",
+            trace_path=out / "trace.parquet",
+            manifest_path=out / "manifest.json",
+        )
+        graphs = _graphs(out / "trace.parquet")
+        assert len(graphs) == manifest["n_graphs"] > 20
+        shapes[variant] = {tuple((role, tuple(before)) for role, before in g) for g in graphs}
+        assert manifest["requests_per_graph"] == {"chain-2": 4, "mix": 5.5}[variant]
+    p, w = ("planner", ()), ("worker", ("planner",))
+    fanout = (p, w, w, w, w, ("aggregator", ("worker",) * 4))
+    # chain-2: two sequential worker stages, the second waiting for the first
+    chain = (p, w, ("worker", ("worker",)), ("aggregator", ("worker",)))
+    second = ("worker", ("worker", "worker"))
+    layers = (p, w, w, second, second, ("aggregator", ("worker", "worker")))
+    assert shapes == {"chain-2": {chain}, "mix": {fanout, chain, layers}}
+    drawn = {
+        t["name"]: t["graphs"]
+        for t in json.loads((tmp_path / "mix" / "manifest.json").read_text())["topologies"]
+    }
+    assert set(drawn) == {"fanout-4", "chain-2", "layers-2x2"} and min(drawn.values()) > 0
