@@ -36,7 +36,10 @@ def main() -> int:
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="servelab-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(REPO / "config", work / "config", dirs_exist_ok=True, symlinks=False)
+    # what the configs name relative to the working directory: the overlays, and the trace files
+    # a condition's `trace:` replays (config/ablations/real-trace.yaml reads data/traces/)
+    for folder in ("config", "data"):
+        shutil.copytree(REPO / folder, work / folder, dirs_exist_ok=True, symlinks=False)
     snakemake = Path(sys.executable).parent / "snakemake"
     start = time.perf_counter()
     proc = subprocess.run(
