@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import tempfile
 from pathlib import Path
 
 from servelab.analysis.floor import write_floor
 from servelab.analysis.queue_models import write_queue_models
+
+# the columns docs/analysis.md quotes per engine: TTFT p50 (closed, closed given the measured X,
+# Eq. 8 on the run alone) and throughput
+RATIOS = ("closed_ratio", "given_x_ratio", "fluid_run_ratio", "closed_throughput_ratio")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,13 +65,26 @@ def main(argv: list[str] | None = None) -> int:
         print((out / "queue_models_summary.csv").read_text(), end="")
         print("\nsaturated runs: measured -> closed TTFT p50 (s), given the measured X, throughput")
         with (out / "queue_models.csv").open(newline="") as f:
-            for row in csv.DictReader(f):
-                if row["saturated"] == "true":
+            saturated = [row for row in csv.DictReader(f) if row["saturated"] == "true"]
+        for row in saturated:
+            print(
+                f"{row['run_id']}: {float(row['measured_ttft_p50_s']):.3f} -> "
+                f"{float(row['closed_ttft_p50_s']):.3f} (given X: "
+                f"{float(row['given_x_ttft_p50_s']):.3f}); X {float(row['measured_throughput_rps']):.1f}"
+                f" -> {float(row['closed_throughput_rps']):.1f} req/s, slots {row['closed_slots']}"
+            )
+        print("\nper engine, saturated runs: geometric mean of predicted / measured (range, runs)")
+        for engine in sorted({row["engine"] for row in saturated}):
+            for column in RATIOS:
+                ratios = [
+                    float(row[column])
+                    for row in saturated
+                    if row["engine"] == engine and row[column] not in ("", "nan")
+                ]
+                if ratios:
                     print(
-                        f"{row['run_id']}: {float(row['measured_ttft_p50_s']):.3f} -> "
-                        f"{float(row['closed_ttft_p50_s']):.3f} (given X: "
-                        f"{float(row['given_x_ttft_p50_s']):.3f}); X {float(row['measured_throughput_rps']):.1f}"
-                        f" -> {float(row['closed_throughput_rps']):.1f} req/s, slots {row['closed_slots']}"
+                        f"{engine:<10} {column:<24} {statistics.geometric_mean(ratios):.3g} "
+                        f"({min(ratios):.2g}-{max(ratios):.2g}, {len(ratios)})"
                     )
     return 0
 

@@ -238,13 +238,18 @@ def test_missing_repetitions_are_computed_from_what_is_there_and_listed(tmp_path
     ) in notes
 
 
-def test_table4_refuses_sglang_with_two_configurations(full: list[Path], tmp_path: Path) -> None:
-    odd = tmp_path / "odd"
+def _with_matched_sglang_chunking_at_8192(full: list[Path], odd: Path) -> list[Path]:
+    """The grid with matched SGLang at rate-0.12 run under another chunk size than its defaults."""
     dirs = [d for d in full if "/matched/sglang/rate-0.12/" not in d.as_posix() + "/"]
     for rep, p50 in zip(REPS, P50[("matched", "sglang", "rate-0.12")], strict=True):
         spec = _spec("matched", "sglang", "rate-0.12", rep)
         spec = RunSpec(**{**spec.__dict__, "chunk_size": 8192})
         dirs.append(write_simple_run(odd / rep, spec, _ttfts(p50)))
+    return dirs
+
+
+def test_table4_refuses_sglang_with_two_configurations(full: list[Path], tmp_path: Path) -> None:
+    dirs = _with_matched_sglang_chunking_at_8192(full, tmp_path / "odd")
     with pytest.raises(Exception, match="Table 4 compares SGLang under one configuration"):
         write_table(4, dirs, tmp_path / "t4.csv")
 
@@ -254,12 +259,7 @@ def test_table4_compares_two_configurations_when_the_control_differs_by_design(
 ) -> None:
     """analysis.control_differs (an ablation that changes the control engine in one arm): Table 4
     is computed, and a note names both configurations."""
-    odd = tmp_path / "odd"
-    dirs = [d for d in full if "/matched/sglang/rate-0.12/" not in d.as_posix() + "/"]
-    for rep, p50 in zip(REPS, P50[("matched", "sglang", "rate-0.12")], strict=True):
-        spec = _spec("matched", "sglang", "rate-0.12", rep)
-        spec = RunSpec(**{**spec.__dict__, "chunk_size": 8192})
-        dirs.append(write_simple_run(odd / rep, spec, _ttfts(p50)))
+    dirs = _with_matched_sglang_chunking_at_8192(full, tmp_path / "odd")
     settings = AnalysisSettings(control_differs=True)
     write_table(4, dirs, tmp_path / "t4.csv", settings=settings)
     rows = {(r["condition"], r["metric"]): r for r in csv.DictReader((tmp_path / "t4.csv").open())}

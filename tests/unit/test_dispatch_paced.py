@@ -172,12 +172,15 @@ def trace_at(times: list[float], max_tokens: int = 3) -> list[TraceRequest]:
     ]
 
 
-def dispatcher(url: str, trace: list[TraceRequest], prompt=(7, 8, 9)) -> Dispatcher:
+def dispatcher(
+    url: str, trace: list[TraceRequest], prompt=(7, 8, 9), warmup: list[RequestSpec] = ()
+) -> Dispatcher:
     return Dispatcher(
         base_url=url,
         model="m",
         trace=trace,
         prompts={r.request_id: prompt for r in trace},
+        warmup=warmup,
         health_timeout_s=5.0,
         request_timeout_s=10.0,
         progress_interval_s=1e6,
@@ -483,17 +486,7 @@ def test_a_kernel_stamp_is_never_later_than_its_read(monkeypatch: pytest.MonkeyP
     ]
     warm = [RequestSpec("warmup-00", -1, "warmup", True, 3, [1, 2, 3])]
     with sim_server() as srv:
-        result = Dispatcher(
-            base_url=srv.base_url,
-            model="m",
-            trace=trace,
-            prompts={r.request_id: [7, 8, 9] for r in trace},
-            warmup=warm,
-            health_timeout_s=5.0,
-            request_timeout_s=10.0,
-            client="paced",
-            count_tokens=lambda texts: [1] * len(texts),
-        ).run()
+        result = dispatcher(srv.base_url, trace, warmup=warm).run()
     by_id = {r.request_id: r for r in result.records}
     assert all(r.status == "ok" for r in result.records), result.records
     assert result.trace_start_s >= by_id["warmup-00"].finished_s
