@@ -275,6 +275,27 @@ def test_engine_crash_fails_the_run_and_the_next_run_restarts_it(
     assert again["node"]["start"]["instance_id"] != failed["node"]["start"]["instance_id"]
 
 
+def test_a_trace_the_engine_served_before_is_measured_on_a_restarted_engine(
+    results: Path, study: dict
+) -> None:
+    """A retry or a redo sends the same prompts again: the server restarts first, so the run
+    meets a prompt cache holding none of them (servelab.deploy.prompt_cache); the restarted
+    server has served that trace only."""
+    compile_traces(results, study, {"rep3": 6.0}, short_graphs=True)
+    backend = LocalBackend(gpu=study["gpu"], model=study["model"])
+    first = backend.run(run_request(results, study, "vllm", "rep3", []))
+    again = backend.run(run_request(results, study, "vllm", "rep3", []))
+    assert first["status"] == again["status"] == "ok"
+    assert again["node"]["start"]["instance_id"] != first["node"]["end"]["instance_id"]
+    state = read_state(
+        Path(run_request(results, study, "vllm", "rep3", []).deployment_dir) / "local.json"
+    )
+    rep3 = results / "traces" / CONDITION / "rep3" / "trace.parquet"
+    assert state["served_traces"] == [hashlib.sha256(rep3.read_bytes()).hexdigest()]
+    # vLLM 0.6.3 counts no cached tokens: recorded, not judged
+    assert again["prompt_cache"] == {"cached_tokens": None, "reusable_tokens": None, "warm": None}
+
+
 def _files(root: Path) -> dict[str, tuple[str, int]]:
     return {
         str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)

@@ -18,8 +18,9 @@ serves every deployment of a results folder (`servelab.deploy.local_prometheus`:
 server is a file-discovered target labelled with its deployment id, scraped every second. The
 processes are started, found again and stopped by PID through `servelab.deploy.processes`.
 
-`run` makes sure the deployment's server is up (restarting it if it died or if the run needs other
-settings), stops the other deployments' servers (one engine at a time), waits until Prometheus
+`run` makes sure the deployment's server is up (restarting it if it died, if the run needs other
+settings, or if the server has served the run's trace before: a retry or a redo then starts from a
+prompt cache that holds none of its prompts, `served_traces` in local.json), stops the other deployments' servers (one engine at a time), waits until Prometheus
 scrapes it, dispatches the trace, pulls the run's Prometheus window into scrape.parquet, and writes
 run.json last. Node identity is (hostname, node id, server instance id), read from the server at
 the start and end of the run. Injected faults (`request.faults`): `{"kind": "reclaim", "at_s": T}`
@@ -537,6 +538,7 @@ class LocalBackend:
         deployments_root = deployment_dir.parent
         manifest = read_trace_manifest(request.manifest_path)
         tokenizer = str(manifest["tokenizer"])
+        trace_sha256 = file_sha256(request.trace_path)
         stream_interval = request.dispatch.stream_interval
         pinning = _local_settings(deployment)
         prometheus_url = ensure_prometheus(deployments_root, cpus=pinning.client_cpus)
@@ -556,6 +558,9 @@ class LocalBackend:
             or list(state.get("flags", [])) != list(deployment["flags"])
             or list(state.get("cpus", [])) != list(pinning.engine_cpus)
             or not self._on_this_node(state)
+            # its prompt cache may hold this trace's prompts (a retry, or a redo): a run starts
+            # from a cache that holds none of its own (servelab.deploy.prompt_cache)
+            or trace_sha256 in state.get("served_traces", [])
         ):
             log.info(
                 "run %s: (re)starting the server of deployment %s",
@@ -569,6 +574,12 @@ class LocalBackend:
             write_target(
                 deployments_root, deployment["deployment_id"], deployment["engine"], state["port"]
             )
+        # before the first request: an attempt that breaks off has still filled the cache
+        state = {
+            **state,
+            "served_traces": [*state.get("served_traces", []), trace_sha256],
+        }
+        write_json(deployment_dir / "local.json", state)
         wait_target_up(prometheus_url, deployment["deployment_id"], since_unix_s=time.time())
 
         actions, reclaim_reason = self._fault_actions(request, deployment, deployment_dir)

@@ -2,8 +2,9 @@
 
 Dispatch the trace to the engine (servelab.dispatch.dispatch_run), record a reclamation when the
 backend names one, write requests.parquet, pull the run's Prometheus window into scrape.parquet
-(and the engine GPU's energy and power series, when the backend names them), and write run.json
-last (a run.json on disk means the run's files are complete). A backend says
+(and the engine GPU's energy and power series, when the backend names them), check that the
+engine's prompt cache held none of the run's prompts before it began (servelab.deploy.prompt_cache;
+a run it did is refused), and write run.json last (a run.json on disk means the run's files are complete). A backend says
 only what differs: where the engine and its Prometheus series are, how node identity is read,
 which timed actions run during the dispatch, and its own part of the record (`LiveTarget`).
 """
@@ -18,7 +19,9 @@ from typing import Any
 from servelab.artifacts import REQUESTS_SCHEMA, write_json, write_parquet
 from servelab.deploy.backend import RunRequest
 from servelab.deploy.machine_load import LoadWatch
+from servelab.deploy.prompt_cache import prompt_cache_check, refusal
 from servelab.dispatch import DispatchResult, TimedAction, dispatch_run
+from servelab.dispatch.run import WARMUP_PROMPT_TOKENS
 from servelab.telemetry.prometheus import pull_scrape_files
 
 __all__ = ["LiveTarget", "NodeChange", "measure_live"]
@@ -95,7 +98,7 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         record["status"] = "interrupted"
         log.warning("run %s: %s", record["run_id"], reason)
     write_parquet(request.requests_path, table, REQUESTS_SCHEMA)
-    pull_scrape_files(
+    scrape = pull_scrape_files(
         prometheus_url=target.prometheus_url,
         engine=request.engine,
         selector=dict(target.metrics_selector),
@@ -108,6 +111,20 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         settle_s=target.scrape_settle_s,
         gpu_selector=dict(target.gpu_selector) or None,
     )
+    # a cache that held this run's prompts before it began measures what the design did not ask
+    # for (servelab.deploy.prompt_cache): recorded always, and such a run is refused
+    record["prompt_cache"] = prompt_cache_check(
+        scrape=scrape,
+        engine=request.engine,
+        trace_path=request.trace_path,
+        warmup_requests=dispatch.warmup_requests,
+        warmup_prompt_tokens=WARMUP_PROMPT_TOKENS,
+    )
+    warm = refusal(record["prompt_cache"])
+    if warm and record["status"] == "ok":
+        record["status"] = "failed"
+        record["refused_reason"] = warm
+        log.warning("run %s: refused: %s", record["run_id"], warm)
     write_json(request.run_json_path, record)
     log.info(
         "run %s: %s, %d/%d ok, lag median %s s",
