@@ -3,6 +3,7 @@ recover a known model and read nothing but floor artifacts), and prediction on i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -168,6 +169,8 @@ def test_the_fit_recovers_a_known_step_model_from_the_floor_alone(
         assert getattr(cost, name) == pytest.approx(getattr(TRUE, name), rel=0.02, abs=1e-10), name
     assert report["ttft"]["median_abs_rel_error"] < 0.01
     assert report["itl"]["equations"] > 0
+    # the warm-ups' admission depends on the front-end time the fit finds: refitted on it
+    assert 1 <= report["refits"] <= cpu_fit.MAX_REFITS
 
 
 def test_single_requests_alone_cannot_separate_the_step_from_the_sampled_sequence(
@@ -340,3 +343,67 @@ def test_v1_charges_only_the_uncached_tokens_to_its_budget_and_samples_partial_p
     warm = _prefill_passes(sim.model, recorder, "b", second)
     # 768 tokens (6 blocks of 128, BOS included) served from the cache: 257 left, 256 + 1
     assert [int(p[1]) for p in warm] == [256, 1]
+
+
+def _admitting_steps(sim_model, prompts: list[np.ndarray]) -> tuple[list[int], list[float]]:
+    """Send `prompts` together at t = 0 and step until all have a first token: the number of
+    requests each step admits (its new prefills), and each step's start."""
+    for k, ids in enumerate(prompts):
+        sim_model.add_request(f"r{k}", ids, 4, 0.0)
+    admitted, starts, now = [], [], 0.0
+    seen: set[str] = set()
+    for _ in range(200):  # bounded
+        if len(seen) == len(prompts):
+            break
+        before = {r.rid for r in sim_model.waiting}
+        it = sim_model.step(now)
+        admitted.append(len(before - {r.rid for r in sim_model.waiting}))
+        starts.append(now)
+        seen |= set(it.emitted)
+        now = it.end_s
+    return admitted, starts
+
+
+def _prompts(n: int) -> list[np.ndarray]:
+    return [np.arange(1000 + 300 * k, 1000 + 300 * k + 200, dtype=np.int64) for k in range(n)]
+
+
+def test_v1_front_end_hands_requests_to_the_scheduler_one_at_a_time() -> None:
+    """vLLM V1's API server tokenises requests in turn, on the core the engine core steps on:
+    requests sent together reach the scheduler one after another, each at the front-end time
+    (per_admitted_s) alone and twice that while the engine core has work (an equal share of the
+    core); an idle engine takes the head at once (docs/simulator.md, "Against the real engines")."""
+    cost = StepCost("vllm_v1", 2e-3, 4e-6, 1.5e-3, 2e-9, 0.0, per_admitted_s=5e-3)
+    sim = build_engine(
+        engine="vllm_v1",
+        flags=BASE_FLAGS,
+        gpu_name="CPU",
+        gpu_memory_mib=24000,
+        model_preset_name=TINY,
+        step_costs={"vllm_v1": cost},
+    )
+    admitted, starts = _admitting_steps(sim.model, _prompts(4))
+    ready = [0.005, 0.015, 0.025, 0.035]  # 5 ms alone, then 10 ms each behind a busy engine
+    assert admitted[0] == 1  # the head, at once
+    assert sum(admitted) == 4
+    order = [i for i, n in enumerate(admitted) for _ in range(n)]
+    for k in range(1, 4):  # each later one is admitted by the first step that starts after it
+        step = order[k]
+        assert starts[step] >= ready[k] - 1e-12
+        assert step == 0 or starts[step - 1] < ready[k]
+    # the same requests on the roofline (front end on host cores) or V0: one step admits all
+    l4 = build_engine(engine="vllm_v1", flags=BASE_FLAGS, model_preset_name="llama-3.1-8b")
+    assert _admitting_steps(l4.model, _prompts(4))[0][0] == 4
+    v0 = [
+        build_engine(
+            engine="vllm",
+            flags=["--enable-chunked-prefill", "--enable-prefix-caching"],
+            gpu_name="CPU",
+            gpu_memory_mib=24000,
+            model_preset_name=TINY,
+            step_costs={"vllm": dataclasses.replace(cost, engine="vllm", per_admitted_s=f)},
+        )
+        for f in (5e-3, 0.0)
+    ]
+    with_front_end, without = (_admitting_steps(e.model, _prompts(4))[0] for e in v0)
+    assert with_front_end == without

@@ -56,6 +56,7 @@ class Req:
         "phase",
         "pre_times",
         "prompt_len",
+        "ready_s",
         "rid",
         "segs",
         "state",
@@ -71,6 +72,8 @@ class Req:
         self.prompt_len = int(ids.shape[0])
         self.max_tokens = int(max_tokens)
         self.arrival_s = float(arrival_s)
+        # when the engine's scheduler can first see it (a front end before it: vLLM V1 on the CPU)
+        self.ready_s = self.arrival_s
         # output tokens generated (while decoding: as of the request's last join or leave)
         self.out = 0
         self.state = WAITING

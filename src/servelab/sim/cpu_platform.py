@@ -88,6 +88,12 @@ class StepCost:
     def with_slowdown(self, slowdown: float) -> StepCost:
         return dataclasses.replace(self, slowdown=float(slowdown))
 
+    @property
+    def front_end_s(self) -> float:
+        """A request's front-end work (`per_admitted_s`), for an engine whose front end hands
+        requests to its scheduler one at a time (servelab.sim.vllm, V1)."""
+        return self.per_admitted_s * self.slowdown
+
     def iteration_time(
         self,
         *,
@@ -125,11 +131,19 @@ def step_costs_from_config(gpu: Mapping[str, Any]) -> dict[str, StepCost]:
 
 @dataclass
 class FeatureRecorder:
-    """A stand-in cost model that records each forward pass's features and returns a fixed
-    duration (with one request at a time, durations change no scheduling decision)."""
+    """A stand-in cost model that records each forward pass's features. Its durations (and the
+    front-end time an engine reads from it) are `timing`'s, a step cost fitted before, or else a
+    fixed `duration_s` and no front end (with one request at a time, durations change no
+    scheduling decision; with requests sent together, the front end and the step times decide
+    which step admits which: servelab.sim.cpu_fit fits again on its own estimate)."""
 
     duration_s: float = 1e-3
     calls: list[np.ndarray] = field(default_factory=list)
+    timing: StepCost | None = None
+
+    @property
+    def front_end_s(self) -> float:
+        return self.timing.front_end_s if self.timing is not None else 0.0
 
     def iteration_time(
         self,
@@ -143,7 +157,7 @@ class FeatureRecorder:
         kv_repeat: float = 0.0,
         admitted: int = 0,
     ) -> float:
-        del seqs, cuda_graph, kv_repeat
+        del kv_repeat
         self.calls.append(
             _features(
                 tokens=tokens,
@@ -153,4 +167,14 @@ class FeatureRecorder:
                 admitted=admitted,
             )
         )
+        if self.timing is not None:
+            return self.timing.iteration_time(
+                tokens=tokens,
+                seqs=seqs,
+                sampled=sampled,
+                attn_pairs=attn_pairs,
+                kv_tokens=kv_tokens,
+                cuda_graph=cuda_graph,
+                admitted=admitted,
+            )
         return self.duration_s
