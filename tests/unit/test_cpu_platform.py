@@ -144,15 +144,20 @@ def test_the_cpu_platform_without_a_fit_is_refused_naming_the_key() -> None:
         )
 
 
-def test_vllm_on_the_cpu_platform_has_the_kv_pool_it_was_given() -> None:
-    sim = build_engine(
-        engine="vllm_v1",
-        flags=BASE_FLAGS,
+def on_the_cpu(cost: StepCost, flags: list[str] = BASE_FLAGS) -> Any:
+    """The simulated engine `cost` names, on the CPU platform with that step cost."""
+    return build_engine(
+        engine=cost.engine,
+        flags=flags,
         gpu_name="CPU",
         gpu_memory_mib=24000,
         model_preset_name=TINY,
-        step_costs={"vllm_v1": TRUE},
+        step_costs={cost.engine: cost},
     )
+
+
+def test_vllm_on_the_cpu_platform_has_the_kv_pool_it_was_given() -> None:
+    sim = on_the_cpu(TRUE)
     # 256 MiB of 2 layers x 2 KV heads x 32 dims x K,V x 4 bytes = 1 KiB a token: 262,144 tokens,
     # as the real engine prints ("CPU KV cache size: 262144 tokens").
     assert sim.capacity.tokens == 262_144
@@ -345,7 +350,7 @@ def test_v1_charges_only_the_uncached_tokens_to_its_budget_and_samples_partial_p
     assert [int(p[1]) for p in warm] == [256, 1]
 
 
-def _admitting_steps(sim_model, prompts: list[np.ndarray]) -> tuple[list[int], list[float]]:
+def _admitting_steps(sim_model: Any, prompts: list[np.ndarray]) -> tuple[list[int], list[float]]:
     """Send `prompts` together at t = 0 and step until all have a first token: the number of
     requests each step admits (its new prefills), and each step's start."""
     for k, ids in enumerate(prompts):
@@ -374,14 +379,7 @@ def test_v1_front_end_hands_requests_to_the_scheduler_one_at_a_time() -> None:
     (per_admitted_s) alone and twice that while the engine core has work (an equal share of the
     core); an idle engine takes the head at once (docs/simulator.md, "Against the real engines")."""
     cost = StepCost("vllm_v1", 2e-3, 4e-6, 1.5e-3, 2e-9, 0.0, per_admitted_s=5e-3)
-    sim = build_engine(
-        engine="vllm_v1",
-        flags=BASE_FLAGS,
-        gpu_name="CPU",
-        gpu_memory_mib=24000,
-        model_preset_name=TINY,
-        step_costs={"vllm_v1": cost},
-    )
+    sim = on_the_cpu(cost)
     admitted, starts = _admitting_steps(sim.model, _prompts(4))
     ready = [0.005, 0.015, 0.025, 0.035]  # 5 ms alone, then 10 ms each behind a busy engine
     assert admitted[0] == 1  # the head, at once
@@ -395,13 +393,9 @@ def test_v1_front_end_hands_requests_to_the_scheduler_one_at_a_time() -> None:
     l4 = build_engine(engine="vllm_v1", flags=BASE_FLAGS, model_preset_name="llama-3.1-8b")
     assert _admitting_steps(l4.model, _prompts(4))[0][0] == 4
     v0 = [
-        build_engine(
-            engine="vllm",
-            flags=["--enable-chunked-prefill", "--enable-prefix-caching"],
-            gpu_name="CPU",
-            gpu_memory_mib=24000,
-            model_preset_name=TINY,
-            step_costs={"vllm": dataclasses.replace(cost, engine="vllm", per_admitted_s=f)},
+        on_the_cpu(
+            dataclasses.replace(cost, engine="vllm", per_admitted_s=f),
+            ["--enable-chunked-prefill", "--enable-prefix-caching"],
         )
         for f in (5e-3, 0.0)
     ]
