@@ -401,3 +401,20 @@ def test_v1_front_end_hands_requests_to_the_scheduler_one_at_a_time() -> None:
     ]
     with_front_end, without = (_admitting_steps(e.model, _prompts(4))[0] for e in v0)
     assert with_front_end == without
+
+
+def test_chunks_read_together_time_no_pass() -> None:
+    """A stream the client read in one go (equal chunk times) gives no inter-token gap: found
+    on a real llama-server floor whose one request had 22 zero gaps, which made the fit put
+    every decode pass at zero."""
+    row = {
+        "status": "ok",
+        "sent_s": 1.0,
+        "chunk_times_s": [1.030, 1.032, 1.032, 1.032, 1.034],
+        "chunk_tokens": [1, 1, 1, 1, 1],
+    }
+    observed = cpu_fit._observed(row)
+    assert observed is not None
+    ttft, gaps = observed
+    assert ttft == pytest.approx(0.030)
+    assert gaps == pytest.approx([0.002, 0.002])

@@ -74,7 +74,11 @@ class FitRow:
 def _observed(
     row: Mapping[str, Any],
 ) -> tuple[float, list[float]] | None:
-    """(TTFT, inter-token gaps between single-token chunks) of one ok request, or None."""
+    """(TTFT, inter-token gaps between single-token chunks) of one ok request, or None.
+
+    A gap of zero is left out: the two chunks were read together (the client was late to read,
+    or one segment carried both), so it times no pass; with its weight 1 / observed it would
+    also decide the whole fit alone."""
     times = list(row["chunk_times_s"])
     tokens = list(row["chunk_tokens"])
     start = row["sent_s"]  # TTFT as the analysis measures it (servelab.analysis.reduce)
@@ -87,7 +91,7 @@ def _observed(
     gaps = [
         float(times[i]) - float(times[i - 1])
         for i in range(first + 1, len(times))
-        if tokens[i] == 1 and tokens[i - 1] >= 1
+        if tokens[i] == 1 and tokens[i - 1] >= 1 and times[i] > times[i - 1]
     ]
     return ttft, gaps
 
