@@ -20,10 +20,11 @@ processes are started, found again and stopped by PID through `servelab.deploy.p
 
 `run` makes sure the deployment's server is up (restarting it if it died, if the run needs other
 settings, or if the server has served the run's trace before: a retry or a redo then starts from a
-prompt cache that holds none of its prompts, `served_traces` in local.json), stops the other deployments' servers (one engine at a time), waits until Prometheus
-scrapes it, dispatches the trace, pulls the run's Prometheus window into scrape.parquet, and writes
-run.json last. Node identity is (hostname, node id, server instance id), read from the server at
-the start and end of the run. Injected faults (`request.faults`): `{"kind": "reclaim", "at_s": T}`
+prompt cache that holds none of its prompts, `served_traces` in local.json), stops the other
+deployments' servers (one engine at a time), waits until Prometheus scrapes it, dispatches the
+trace, pulls the run's Prometheus window into scrape.parquet, and writes run.json last. Node
+identity is (hostname, node id, server instance id), read from the server at the start and end of
+the run. Injected faults (`request.faults`): `{"kind": "reclaim", "at_s": T}`
 moves the engine to a "new node" at T s (server restarted with a new node and instance id; the
 dispatch stops there, status `interrupted`); `{"kind": "fail"}` kills the server at `at_s`
 (default 1 s), so the rest of the run fails (status `failed`); the next run restarts it.

@@ -4,9 +4,10 @@ Dispatch the trace to the engine (servelab.dispatch.dispatch_run), record a recl
 backend names one, write requests.parquet, pull the run's Prometheus window into scrape.parquet
 (and the engine GPU's energy and power series, when the backend names them), check that the
 engine's prompt cache held none of the run's prompts before it began (servelab.deploy.prompt_cache;
-a run it did is refused), and write run.json last (a run.json on disk means the run's files are complete). A backend says
-only what differs: where the engine and its Prometheus series are, how node identity is read,
-which timed actions run during the dispatch, and its own part of the record (`LiveTarget`).
+a run it did is refused), and write run.json last (a run.json on disk means the run's files are
+complete). A backend says only what differs: where the engine and its Prometheus series are, how
+node identity is read, which timed actions run during the dispatch, and its own part of the record
+(`LiveTarget`).
 """
 
 from __future__ import annotations
@@ -88,10 +89,8 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
     if target.machine_load is not None:
         load = target.machine_load.stop()
         record["machine_load"] = load
-        if load["refused"] and record["status"] == "ok":
-            record["status"] = "failed"
-            record["refused_reason"] = f"machine load: {load['refused']}"
-            log.warning("run %s: refused: %s", record["run_id"], record["refused_reason"])
+        if load["refused"]:
+            _refuse(record, f"machine load: {load['refused']}")
     reason = target.reclamation(record, result)
     if reason:
         record["reclaimed_reason"] = reason
@@ -121,10 +120,8 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         warmup_prompt_tokens=WARMUP_PROMPT_TOKENS,
     )
     warm = refusal(record["prompt_cache"])
-    if warm and record["status"] == "ok":
-        record["status"] = "failed"
-        record["refused_reason"] = warm
-        log.warning("run %s: refused: %s", record["run_id"], warm)
+    if warm:
+        _refuse(record, warm)
     write_json(request.run_json_path, record)
     log.info(
         "run %s: %s, %d/%d ok, lag median %s s",
@@ -135,3 +132,12 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         record["dispatcher_lag_s"]["median"],
     )
     return record
+
+
+def _refuse(record: dict[str, Any], why: str) -> None:
+    """A complete run that is no measurement: failed (so the campaign retries it), saying why.
+    The first refusal's reason stays."""
+    if record["status"] == "ok":
+        record["status"] = "failed"
+        record["refused_reason"] = why
+        log.warning("run %s: refused: %s", record["run_id"], why)
