@@ -1,0 +1,181 @@
+"""How firmly the floor pins the CPU platform's step cost (issue 26; docs/simulator.md, "Against
+the real engines").
+
+    .venv/bin/python benchmarks/cpu_fit_stability.py [--results results] [--resamples 12]
+        [--compare config/cpu-pair-sim.yaml] [--json out.json]
+
+`make sim-vs-real` fits each engine's step cost from its floor runs (servelab.sim.cpu_fit): two
+repetitions of each (arm, shape). This refits it on subsets of the same floor runs:
+- `all`: every floor run (must equal results/sim_vs_real/platform.json; checked);
+- `rep1`, `rep2`: one repetition of every (arm, shape) only;
+- `--resamples` bootstrap draws: each (arm, shape) takes two of its repetitions with replacement
+  (seeded).
+For each engine it prints every coefficient's range over the fits, and what the fits predict for
+two passes the loaded runs are made of: a decode pass of four sequences at 1,100 tokens of context
+each (llama.cpp's four slots past saturation) and a 512-token prefill over a 512-token cached
+prefix that samples its first token. `--compare` adds another fit's coefficients (a config file's
+`gpu.step_cost`, e.g. an earlier machine's) beside them.
+
+Only the floor's own files are read, as the `cpu_platform` rule reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servelab.sim.cpu_fit import FloorRun, fit_step_cost
+from servelab.sim.cpu_platform import COEFFICIENTS, StepCost
+
+MODEL_PRESET = "tiny-llama3-2x64-hd32"
+GPU_MEMORY_MIB = 24000  # config/cpu-pair-sim.yaml's gpu.memory_mib
+DECODE_SEQS, DECODE_CONTEXT = 4, 1100
+PREFILL_TOKENS, PREFILL_PREFIX = 512, 512
+
+
+def floor_runs(results: Path) -> list[FloorRun]:
+    """Every `ok` floor run under results/floor, with its trace folder and its deployment's flags."""
+    runs = []
+    for run_json in sorted((results / "floor").glob("*/runs/*/*/*/rep*/run.json")):
+        record = json.loads(run_json.read_text(encoding="utf-8"))
+        if record["status"] != "ok":
+            continue
+        run_dir = run_json.parent
+        shape, rep = run_dir.parent.name, run_dir.name
+        deployment = json.loads(
+            (results / "deployments" / record["deployment_id"] / "local.json").read_text(
+                encoding="utf-8"
+            )
+        )
+        runs.append(
+            FloorRun(
+                run_dir=run_dir,
+                trace_dir=results / "floor" / "traces" / shape / rep,
+                engine=str(record["engine"]),
+                arm=str(record["arm"]),
+                flags=tuple(str(f) for f in deployment["flags"]),
+            )
+        )
+    return runs
+
+
+def _group(run: FloorRun) -> tuple[str, str, str]:
+    return (run.engine, run.arm, run.run_dir.parent.name)
+
+
+def _passes(cost: StepCost) -> dict[str, float]:
+    decode = cost.iteration_time(
+        tokens=DECODE_SEQS,
+        seqs=DECODE_SEQS,
+        sampled=DECODE_SEQS,
+        attn_pairs=0.0,
+        kv_tokens=float(DECODE_SEQS * DECODE_CONTEXT),
+        cuda_graph=False,
+        admitted=0,
+    )
+    n, p = PREFILL_TOKENS, PREFILL_PREFIX
+    prefill = cost.iteration_time(
+        tokens=n,
+        seqs=1,
+        sampled=1,
+        attn_pairs=n * p + n * (n + 1) / 2,
+        kv_tokens=float(n + p),
+        cuda_graph=False,
+        admitted=1,
+    )
+    return {"decode4_ms": decode * 1e3, "prefill512_ms": prefill * 1e3}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--resamples", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--compare", type=Path, default=Path("config/cpu-pair-sim.yaml"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    runs = floor_runs(args.results)
+    groups: dict[tuple[str, str, str], list[FloorRun]] = {}
+    for run in runs:
+        groups.setdefault(_group(run), []).append(run)
+    rng = random.Random(args.seed)
+    subsets: dict[str, list[FloorRun]] = {
+        "all": runs,
+        "rep1": [r for r in runs if r.run_dir.name == "rep1"],
+        "rep2": [r for r in runs if r.run_dir.name == "rep2"],
+    }
+    for b in range(args.resamples):
+        subsets[f"boot{b + 1}"] = [
+            rng.choice(members) for members in groups.values() for _ in range(len(members))
+        ]
+    platform = json.loads(
+        (args.results / "sim_vs_real" / "platform.json").read_text(encoding="utf-8")
+    )
+    compare: dict[str, dict[str, float]] = {}
+    if args.compare.is_file():
+        config = yaml.safe_load(args.compare.read_text(encoding="utf-8"))
+        compare = config.get("gpu", {}).get("step_cost", {}) or {}
+
+    out: dict[str, Any] = {"floor_runs": len(runs), "engines": {}}
+    for engine in sorted({r.engine for r in runs}):
+        fits: dict[str, dict[str, float]] = {}
+        started = time.perf_counter()
+        for name, subset in subsets.items():
+            cost, _ = fit_step_cost(
+                engine, subset, gpu_memory_mib=GPU_MEMORY_MIB, model_preset=MODEL_PRESET
+            )
+            fits[name] = {**cost.coefficients(), **_passes(cost)}
+        seconds = time.perf_counter() - started
+        recorded = platform["engines"][engine]["step_cost"]
+        if any(
+            abs(fits["all"][k] - recorded[k]) > 1e-9 * max(1.0, abs(recorded[k])) for k in recorded
+        ):
+            sys.exit(f"{engine}: the fit on every floor run differs from platform.json's")
+        keys = [*COEFFICIENTS, "decode4_ms", "prefill512_ms"]
+        earlier = (
+            {
+                **compare[engine],
+                **_passes(StepCost.from_mapping(engine, compare[engine], "compare")),
+            }
+            if engine in compare
+            else None
+        )
+        print(f"\n{engine}: {len(fits)} fits in {seconds:.0f} s")
+        print(
+            f"  {'':16} {'all':>10} {'rep1':>10} {'rep2':>10} {'boot min':>10} {'boot max':>10} {'earlier':>10}"
+        )
+        rows = {}
+        for key in keys:
+            boot = [fits[n][key] for n in fits if n.startswith("boot")]
+            row = {
+                "all": fits["all"][key],
+                "rep1": fits["rep1"][key],
+                "rep2": fits["rep2"][key],
+                "boot_min": min(boot) if boot else None,
+                "boot_max": max(boot) if boot else None,
+                "boot_median": statistics.median(boot) if boot else None,
+                "earlier": earlier[key] if earlier else None,
+            }
+            rows[key] = row
+            cells = [row[c] for c in ("all", "rep1", "rep2", "boot_min", "boot_max", "earlier")]
+            print(
+                f"  {key:16} "
+                + " ".join(f"{c:10.4g}" if c is not None else f"{'-':>10}" for c in cells)
+            )
+        out["engines"][engine] = {"fits": fits, "summary": rows, "wall_s": round(seconds, 1)}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
