@@ -16,6 +16,11 @@ each (llama.cpp's four slots past saturation) and a 512-token prefill over a 512
 prefix that samples its first token. `--compare` adds another fit's coefficients (a config file's
 `gpu.step_cost`, e.g. an earlier machine's) beside them.
 
+It also prints the floor's only evidence of a batch: per floor run, the median inter-token gap of
+the two warm-ups sent together (one pass of two sequences each), beside the median gap of the
+run's own single requests (one sequence), both read as the fit reads them
+(`servelab.sim.cpu_fit.observed_times`).
+
 Only the floor's own files are read, as the `cpu_platform` rule reads them.
 """
 
@@ -30,9 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.parquet as pq
 import yaml
 
-from servelab.sim.cpu_fit import FloorRun, fit_step_cost
+from servelab.sim.cpu_fit import FloorRun, fit_step_cost, observed_times
 from servelab.sim.cpu_platform import COEFFICIENTS, StepCost
 
 MODEL_PRESET = "tiny-llama3-2x64-hd32"
@@ -71,26 +78,33 @@ def _group(run: FloorRun) -> tuple[str, str, str]:
     return (run.engine, run.arm, run.run_dir.parent.name)
 
 
+def batch_evidence(runs: list[FloorRun]) -> dict[str, float]:
+    """Over the floor runs: the warm-up pair's median gap per run (min, median, max) and the
+    single requests' median gap per run (median), in ms."""
+    pair, single = [], []
+    for run in runs:
+        rows = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
+        for warmup, out in ((True, pair), (False, single)):
+            gaps = [
+                gap
+                for row in rows
+                if row["warmup"] == warmup and (observed := observed_times(row)) is not None
+                for gap in observed[1]
+            ]
+            if gaps:
+                out.append(float(np.median(gaps)) * 1e3)
+    return {
+        "warmup_pair_gap_ms_min": round(min(pair), 2),
+        "warmup_pair_gap_ms_median": round(float(np.median(pair)), 2),
+        "warmup_pair_gap_ms_max": round(max(pair), 2),
+        "single_gap_ms_median": round(float(np.median(single)), 2),
+        "runs": len(pair),
+    }
+
+
 def _passes(cost: StepCost) -> dict[str, float]:
-    decode = cost.iteration_time(
-        tokens=DECODE_SEQS,
-        seqs=DECODE_SEQS,
-        sampled=DECODE_SEQS,
-        attn_pairs=0.0,
-        kv_tokens=float(DECODE_SEQS * DECODE_CONTEXT),
-        cuda_graph=False,
-        admitted=0,
-    )
-    n, p = PREFILL_TOKENS, PREFILL_PREFIX
-    prefill = cost.iteration_time(
-        tokens=n,
-        seqs=1,
-        sampled=1,
-        attn_pairs=n * p + n * (n + 1) / 2,
-        kv_tokens=float(n + p),
-        cuda_graph=False,
-        admitted=1,
-    )
+    decode = cost.decode_time(DECODE_SEQS, DECODE_CONTEXT, cuda_graph=False)
+    prefill = cost.prefill_time(PREFILL_TOKENS, PREFILL_PREFIX, admitted=1)
     return {"decode4_ms": decode * 1e3, "prefill512_ms": prefill * 1e3}
 
 
@@ -171,7 +185,19 @@ def main() -> int:
                 f"  {key:16} "
                 + " ".join(f"{c:10.4g}" if c is not None else f"{'-':>10}" for c in cells)
             )
-        out["engines"][engine] = {"fits": fits, "summary": rows, "wall_s": round(seconds, 1)}
+        evidence = batch_evidence([r for r in runs if r.engine == engine])
+        print(
+            f"  warm-up pair, median gap a run: {evidence['warmup_pair_gap_ms_min']:.2f}-"
+            f"{evidence['warmup_pair_gap_ms_max']:.2f} ms (median "
+            f"{evidence['warmup_pair_gap_ms_median']:.2f}) over {evidence['runs']} runs; single "
+            f"requests: {evidence['single_gap_ms_median']:.2f} ms"
+        )
+        out["engines"][engine] = {
+            "fits": fits,
+            "summary": rows,
+            "batch_evidence": evidence,
+            "wall_s": round(seconds, 1),
+        }
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     return 0

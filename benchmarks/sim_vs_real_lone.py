@@ -9,7 +9,10 @@ fit can see. This prints, per engine and arm, from a `make sim-vs-real` results 
 
 - the floor's median TTFT on the condition's shape (all floor repetitions pooled);
 - the lone requests' median TTFT in the loaded runs, real and predicted (the same requests), and by
-  the engine's idle time before them (how long since the previous request's last token).
+  the engine's idle time before them (how long since the previous request's last token);
+- how busy the client's cores were (`machine_load` of every run.json: the busy share of the
+  client's pinned cores over the run's window), median over the floor runs (every shape) and over
+  the loaded runs: a busy client core slows the engine's (benchmarks/core_interference.py).
 
     python benchmarks/sim_vs_real_lone.py [--results results] [--json OUT]
 """
@@ -56,13 +59,24 @@ def lone(run: dict[str, Any]) -> list[tuple[str, float, float]]:
     return out
 
 
+def client_busy(run_dirs: list[Path]) -> float | None:
+    """The median busy share of the client's cores over these runs' windows."""
+    shares = []
+    for run_dir in run_dirs:
+        load = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("machine_load")
+        if load:
+            shares.append(float(load["client"]["busy"]))
+    return round(float(np.median(shares)), 3) if shares else None
+
+
 def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
     floors = sorted(results.glob(f"floor/{arm}-*/runs/{arm}/{engine}/floor-s0.50-L1024/rep*"))
     floor_runs = [requests(f / "requests.parquet") for f in floors]
     floor_ttft = np.concatenate([r["ttft"][~r["warmup"]] for r in floor_runs] or [np.array([])])
     floor_ttft = floor_ttft[np.isfinite(floor_ttft)]
     real, predicted, idle = [], [], []
-    for run in sorted((results / "runs" / arm / engine).glob("rate-*/rep*")):
+    loaded = sorted((results / "runs" / arm / engine).glob("rate-*/rep*"))
+    for run in loaded:
         measured = requests(run / "requests.parquet")
         guess_path = results / "sim_vs_real" / "predicted" / run.relative_to(results / "runs")
         guess = requests(guess_path / "requests.parquet")
@@ -91,6 +105,10 @@ def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
         else None,
         "lone_over_floor": round(real_ms / floor_ms, 3),
         "by_idle_before": by_idle,
+        "client_busy_floor": client_busy(
+            sorted(results.glob(f"floor/{arm}-*/runs/{arm}/{engine}/*/rep*"))
+        ),
+        "client_busy_loaded": client_busy(loaded),
     }
 
 

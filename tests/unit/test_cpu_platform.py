@@ -124,6 +124,17 @@ def test_the_step_cost_is_the_linear_model_it_names() -> None:
     ) == pytest.approx(2 * t)
 
 
+def test_one_pass_times_on_the_step_cost_charge_each_feature_of_the_pass() -> None:
+    # step, per token, per sampled, per attention pair, per KV entry, per admitted request
+    cost = StepCost("e", 1e-3, 1e-5, 2e-3, 1e-9, 1e-7, 4e-3)
+    decode = cost.decode_time(4, 1100, cuda_graph=False)
+    assert decode == pytest.approx(1e-3 + 4e-5 + 4 * 2e-3 + 4 * 1100e-7)
+    prefill = cost.prefill_time(512, 512, admitted=1)
+    pairs = 512 * 512 + 512 * 513 / 2
+    assert prefill == pytest.approx(1e-3 + 512e-5 + 2e-3 + pairs * 1e-9 + 1024e-7 + 4e-3)
+    assert cost.prefill_time(512, 512) == pytest.approx(prefill - 4e-3)
+
+
 def test_a_bad_step_cost_in_config_is_refused_naming_the_key() -> None:
     with pytest.raises(ValueError, match=r"gpu\.step_cost\.vllm_v1: missing per_admitted_s"):
         step_costs_from_config(
@@ -413,7 +424,7 @@ def test_chunks_read_together_time_no_pass() -> None:
         "chunk_times_s": [1.030, 1.032, 1.032, 1.032, 1.034],
         "chunk_tokens": [1, 1, 1, 1, 1],
     }
-    observed = cpu_fit._observed(row)
+    observed = cpu_fit.observed_times(row)
     assert observed is not None
     ttft, gaps = observed
     assert ttft == pytest.approx(0.030)

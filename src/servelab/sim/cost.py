@@ -17,11 +17,12 @@ how they were calibrated (defaults-arm rate sweep only) and what the model leave
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from servelab.engines.registry import engine_names, product_of
 from servelab.sim.presets import GpuPreset, ModelPreset
 
-__all__ = ["DEFAULT_CALIBRATION", "Calibration", "CostModel"]
+__all__ = ["DEFAULT_CALIBRATION", "Calibration", "CostModel", "OnePassTimes"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,64 @@ class Calibration:
 DEFAULT_CALIBRATION = Calibration()
 
 
-class CostModel:
+class _TimesIterations(Protocol):
+    def iteration_time(
+        self,
+        *,
+        tokens: int,
+        seqs: int,
+        sampled: int,
+        attn_pairs: float,
+        kv_tokens: float,
+        cuda_graph: bool,
+        kv_repeat: float = 0.0,
+        admitted: int = 0,
+    ) -> float: ...
+
+
+class OnePassTimes:
+    """The time of one typical pass from a cost model's `iteration_time`: a mixin of the L4's
+    `CostModel` and the CPU platform's `StepCost`."""
+
+    __slots__ = ()
+
+    def prefill_time(
+        self: _TimesIterations, new_tokens: int, cached_tokens: int = 0, admitted: int = 0
+    ) -> float:
+        """One sequence prefilled alone (a convenience for docs, tests and benchmarks);
+        `admitted` 1 charges the pass with the request's admission too."""
+        pairs = new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
+        return self.iteration_time(
+            tokens=new_tokens,
+            seqs=1,
+            sampled=1,
+            attn_pairs=pairs,
+            kv_tokens=cached_tokens + new_tokens,
+            cuda_graph=False,
+            admitted=admitted,
+        )
+
+    def decode_time(
+        self: _TimesIterations,
+        batch: int,
+        context: int,
+        cuda_graph: bool = True,
+        shared: int = 0,
+    ) -> float:
+        """One decode step of `batch` sequences that each attend over `context` tokens, the first
+        `shared` of which are the same KV entries for every sequence."""
+        return self.iteration_time(
+            tokens=batch,
+            seqs=batch,
+            sampled=batch,
+            attn_pairs=0.0,
+            kv_tokens=float(batch * context),
+            cuda_graph=cuda_graph,
+            kv_repeat=float(max(batch - 1, 0) * shared),
+        )
+
+
+class CostModel(OnePassTimes):
     """Roofline iteration time for one (model, GPU, engine)."""
 
     __slots__ = (
@@ -158,30 +216,3 @@ class CostModel:
         if not cuda_graph:
             t += self._c.eager_penalty_s + seqs * self._c.eager_penalty_per_seq_s
         return t * self._slowdown
-
-    def prefill_time(self, new_tokens: int, cached_tokens: int = 0) -> float:
-        """One sequence prefilled alone (a convenience for docs and tests)."""
-        pairs = new_tokens * cached_tokens + new_tokens * (new_tokens + 1) / 2
-        return self.iteration_time(
-            tokens=new_tokens,
-            seqs=1,
-            sampled=1,
-            attn_pairs=pairs,
-            kv_tokens=cached_tokens + new_tokens,
-            cuda_graph=False,
-        )
-
-    def decode_time(
-        self, batch: int, context: int, cuda_graph: bool = True, shared: int = 0
-    ) -> float:
-        """One decode step of `batch` sequences that each attend over `context` tokens, the first
-        `shared` of which are the same KV entries for every sequence."""
-        return self.iteration_time(
-            tokens=batch,
-            seqs=batch,
-            sampled=batch,
-            attn_pairs=0.0,
-            kv_tokens=float(batch * context),
-            cuda_graph=cuda_graph,
-            kv_repeat=float(max(batch - 1, 0) * shared),
-        )

@@ -40,6 +40,7 @@ __all__ = [
     "fit_step_cost",
     "floor_noise",
     "floor_rows",
+    "observed_times",
     "predict_run",
     "read_step_costs",
     "write_cpu_platform",
@@ -71,7 +72,7 @@ class FitRow:
     features: np.ndarray
 
 
-def _observed(
+def observed_times(
     row: Mapping[str, Any],
 ) -> tuple[float, list[float]] | None:
     """(TTFT, inter-token gaps between single-token chunks) of one ok request, or None.
@@ -179,7 +180,7 @@ def floor_rows(
         if not fitted:
             continue
         for req in group:
-            observed, tokens = _observed(req), per_token[req["request_id"]]
+            observed, tokens = observed_times(req), per_token[req["request_id"]]
             if observed is None or not tokens:
                 continue
             ttft, gaps = observed
@@ -339,7 +340,7 @@ def floor_noise(runs: Sequence[FloorRun]) -> dict[str, Any]:
         requests = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
         ttft, gaps = [], []
         for req in requests:
-            observed = None if req["warmup"] else _observed(req)
+            observed = None if req["warmup"] else observed_times(req)
             if observed is not None:
                 ttft.append(observed[0])
                 gaps.extend(observed[1])

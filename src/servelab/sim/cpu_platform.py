@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from servelab.sim.cost import OnePassTimes
+
 __all__ = ["COEFFICIENTS", "FEATURES", "FeatureRecorder", "StepCost", "step_costs_from_config"]
 
 # The features of one forward pass, in the order of StepCost's coefficients.
@@ -54,7 +56,7 @@ def _features(
 
 
 @dataclass(frozen=True)
-class StepCost:
+class StepCost(OnePassTimes):
     """One real engine's fitted step time on the CPU platform (module docstring): the same
     `iteration_time` the engine models call on the L4's `CostModel`."""
 
