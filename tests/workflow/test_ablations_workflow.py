@@ -20,6 +20,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+# The module's campaign is one costly set-up: every test of it on one xdist worker, so that the
+# two workers do not each run it.
+pytestmark = pytest.mark.xdist_group("ablations")
 
 STUDY = """
 repetitions: 2
