@@ -61,12 +61,15 @@ llamacpp: llama-server
 	$(BIN)/snakemake --cores 1 results/table5.csv --configfile config/llamacpp.yaml
 	$(BIN)/servelab table show results/table5.csv
 
-# The whole suite, on two parallel workers (tests/conftest.py gives each folder its tier and starts
+# The whole suite, on three parallel workers (tests/conftest.py gives each folder its tier and starts
 # the slowest first; tests marked with one xdist_group share a worker, so none waits for another's
-# session campaign); the 25 slowest steps are printed at the end.
+# session campaign); the 25 slowest steps are printed at the end. Three on two cores: the
+# integration tests wait on real time (servers, Prometheus scrapes) and a third worker uses the
+# core they leave idle (docs/testing.md, "Where the time goes"). The other tiers keep two.
 PYTEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not engines" tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not engines" tests
 
 # The real Python engines' tier (tests/engines: vLLM and SGLang on the CPU beside llama.cpp, a real
 # Prometheus): the CPU pair's and the CPU study's campaigns through the Snakefile, the wire, the

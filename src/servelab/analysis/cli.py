@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from servelab.analysis.figures import FORMATS
+from servelab.analysis.figdata import FORMATS
 from servelab.analysis.pipeline import analyze
 from servelab.analysis.restarts import discover_restart_records
 from servelab.analysis.runs import discover_run_dirs

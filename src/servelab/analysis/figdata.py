@@ -17,7 +17,10 @@ from servelab.analysis.restarts import RESTART_PHASES
 from servelab.analysis.runs import condition_value
 from servelab.analysis.summary import Analysis, table5_keys
 
-__all__ = ["FIGURES", "FIGURE_DATA", "figure_data"]
+__all__ = ["FIGURES", "FIGURE_DATA", "FORMATS", "figure_data"]
+
+# The files each figure is drawn to (here, not in figures.py, so choosing them imports no matplotlib)
+FORMATS = ("png", "pdf")
 
 ARMS = ("defaults", "matched")
 ECDF_POINTS = 400  # quantile grid drawn for each empirical distribution

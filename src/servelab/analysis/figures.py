@@ -34,6 +34,7 @@ from matplotlib.ticker import (
 )
 
 from servelab.analysis import figdata, stats
+from servelab.analysis.figdata import FORMATS
 from servelab.analysis.restarts import RESTART_PHASES
 from servelab.analysis.runs import engine_order
 from servelab.artifacts import atomic_path
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMATS", "STYLE", "draw_figures"]
 
-FORMATS = ("png", "pdf")
 STYLE: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans",
     "font.size": 9,

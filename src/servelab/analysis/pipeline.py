@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.analysis import figdata, figures, tables
+from servelab.analysis import figdata, tables
+from servelab.analysis.figdata import FORMATS
 from servelab.analysis.numbers import build_numbers, clean, render_notes
 from servelab.analysis.restarts import read_restart_record
 from servelab.analysis.runs import load_runs, read_manifests
@@ -115,11 +116,13 @@ def write_figures(
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
     settings: AnalysisSettings | None = None,
-    formats: Sequence[str] = figures.FORMATS,
+    formats: Sequence[str] = FORMATS,
 ) -> list[Path]:
     """Figures 1 and 6-14 as `{out_dir}/figureN.{png,pdf}` (needs every run, the trace manifests of
     the runs the fluid model uses, and the restart records if any)."""
     an = _analysis(runs, settings, manifests=manifests, restart_records=restart_records)
+    from servelab.analysis import figures  # matplotlib: only the jobs that draw import it
+
     return figures.draw_figures(_drawable(clean(figdata.figure_data(an))), out_dir, formats)
 
 
@@ -156,7 +159,7 @@ def analyze(
     manifests: Sequence[PathLike] = (),
     restart_records: Sequence[PathLike] = (),
     settings: AnalysisSettings | None = None,
-    formats: Sequence[str] = figures.FORMATS,
+    formats: Sequence[str] = FORMATS,
 ) -> AnalysisResult:
     """Everything, from one load: `{out_dir}/table{3..6}.csv`, `numbers.json`,
     `analysis_notes.txt` and `figures/figureN.{png,pdf}`."""
@@ -169,6 +172,8 @@ def analyze(
     write_json(out / "numbers.json", numbers)
     write_text(out / "analysis_notes.txt", render_notes(an))
     written += [out / "numbers.json", out / "analysis_notes.txt"]
+    from servelab.analysis import figures  # matplotlib: only the jobs that draw import it
+
     written += figures.draw_figures(_drawable(numbers["figures"]), out / "figures", formats)
     rs = an.runset
     return AnalysisResult(rs.found, rs.parsed, len(rs.skipped), written, an.notes())

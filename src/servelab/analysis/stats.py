@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as sps
 
 from servelab.grid.settings import AnalysisSettings
 
@@ -76,6 +75,8 @@ def geomean(values: Sequence[float] | FloatArray) -> float:
 
 def _t_interval(logs: FloatArray, level: float) -> tuple[float, float, float]:
     """(mean, low, high) of `logs` on the log scale; low/high NaN when n < 2."""
+    from scipy import stats as sps  # here, not at the top: a second of import
+
     n = logs.size
     mean = float(np.mean(logs))
     if n < 2:
@@ -142,6 +143,8 @@ def paired_gap(
     either way. Pairs where either value is missing, infinite or not positive are dropped (the caller
     records how many pairs were used: `n`).
     """
+    from scipy import stats as sps  # here, not at the top: a second of import
+
     num = np.asarray(numerator, dtype=np.float64)
     den = np.asarray(denominator, dtype=np.float64)
     if num.shape != den.shape:
@@ -200,6 +203,8 @@ def tail_ratio(values: Sequence[float] | FloatArray) -> float:
 
 def log_skewness(values: Sequence[float] | FloatArray) -> float:
     """g1 of ln x: `scipy.stats.skew(ln x, bias=True)`; NaN for fewer than 3 positive values."""
+    from scipy import stats as sps  # here, not at the top: a second of import
+
     arr = _finite(values)
     arr = arr[arr > 0]
     if arr.size < 3:
@@ -259,6 +264,8 @@ def t_test_power(noncentrality: float, df: float, alpha: float = 0.05) -> float:
     df 1, nc 13.5) where `nct.sf` returns its value. `df` may be fractional (a continuous sample
     size). NaN when df ≤ 0.
     """
+    from scipy import stats as sps  # here, not at the top: a second of import
+
     if not (df > 0 and 0 < alpha < 1 and math.isfinite(noncentrality)):
         return NAN
     crit = float(sps.t.ppf(1.0 - alpha / 2.0, df))

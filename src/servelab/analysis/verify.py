@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.analysis.figdata import FIGURES
-from servelab.analysis.figures import FORMATS
+from servelab.analysis.figdata import FIGURES, FORMATS
 from servelab.artifacts import ArtifactError, file_sha256, read_json, write_json
 
 __all__ = ["CHECKSUMS_FORMAT", "Mismatch", "analysis_outputs", "record_checksums", "verify"]

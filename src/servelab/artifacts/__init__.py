@@ -17,10 +17,10 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -59,61 +59,89 @@ class ArtifactError(ValueError):
     """An artifact is missing, unreadable or does not match its schema. The message names the file."""
 
 
-TRACE_SCHEMA = pa.schema(
-    [
-        pa.field("request_id", pa.string(), nullable=False),
-        pa.field("graph_id", pa.int32(), nullable=False),
-        pa.field("role", pa.string(), nullable=False),
-        pa.field("arrival_s", pa.float64(), nullable=False),
-        pa.field("depends_on", pa.list_(pa.string()), nullable=False),
-        pa.field("tool_delay_s", pa.float64(), nullable=False),
-        pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("prompt_text", pa.string(), nullable=False),
-        pa.field("prefix_tokens", pa.int32(), nullable=False),
-        pa.field("max_tokens", pa.int32(), nullable=False),
-    ]
-)
+# The Parquet schemas are built on first use (PEP 562): pyarrow costs a tenth of a second to import,
+# which the Snakefile's parse and every job that writes no Parquet would otherwise pay.
+_LAZY_SCHEMAS = frozenset({"TRACE_SCHEMA", "REQUESTS_SCHEMA", "TELEMETRY_SCHEMA", "SCRAPE_SCHEMA"})
+if TYPE_CHECKING:
+    TRACE_SCHEMA: pa.Schema
+    REQUESTS_SCHEMA: pa.Schema
+    TELEMETRY_SCHEMA: pa.Schema
+    SCRAPE_SCHEMA: pa.Schema
 
-REQUESTS_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("request_id", pa.string(), nullable=False),
-        pa.field("graph_id", pa.int32(), nullable=False),
-        pa.field("role", pa.string(), nullable=False),
-        pa.field("warmup", pa.bool_(), nullable=False),
-        pa.field("scheduled_s", pa.float64(), nullable=False),
-        pa.field("sent_s", pa.float64()),
-        pa.field("written_s", pa.float64()),
-        pa.field("chunk_times_s", pa.list_(pa.float64()), nullable=False),
-        pa.field("chunk_tokens", pa.list_(pa.int32()), nullable=False),
-        pa.field("prompt_tokens", pa.int32()),
-        pa.field("output_tokens", pa.int32()),
-        pa.field("max_tokens", pa.int32(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("error", pa.string()),
-    ]
-)
 
-TELEMETRY_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("t_s", pa.float64(), nullable=False),
-        pa.field("metric", pa.string(), nullable=False),
-        pa.field("value", pa.float64(), nullable=False),
-        pa.field("source_metric", pa.string(), nullable=False),
-    ]
-)
+def _schemas() -> dict[str, pa.Schema]:
+    import pyarrow as pa
 
-# Raw engine-metric samples for one run's window, under the engine's own metric names: what the
-# backend's metrics store holds (the simulator's sampler, or Prometheus for the live backends).
-SCRAPE_SCHEMA = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("t_s", pa.float64(), nullable=False),
-        pa.field("source_metric", pa.string(), nullable=False),
-        pa.field("value", pa.float64(), nullable=False),
-    ]
-)
+    trace = pa.schema(
+        [
+            pa.field("request_id", pa.string(), nullable=False),
+            pa.field("graph_id", pa.int32(), nullable=False),
+            pa.field("role", pa.string(), nullable=False),
+            pa.field("arrival_s", pa.float64(), nullable=False),
+            pa.field("depends_on", pa.list_(pa.string()), nullable=False),
+            pa.field("tool_delay_s", pa.float64(), nullable=False),
+            pa.field("prompt_token_ids", pa.list_(pa.int32()), nullable=False),
+            pa.field("prompt_text", pa.string(), nullable=False),
+            pa.field("prefix_tokens", pa.int32(), nullable=False),
+            pa.field("max_tokens", pa.int32(), nullable=False),
+        ]
+    )
+
+    requests = pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("request_id", pa.string(), nullable=False),
+            pa.field("graph_id", pa.int32(), nullable=False),
+            pa.field("role", pa.string(), nullable=False),
+            pa.field("warmup", pa.bool_(), nullable=False),
+            pa.field("scheduled_s", pa.float64(), nullable=False),
+            pa.field("sent_s", pa.float64()),
+            pa.field("written_s", pa.float64()),
+            pa.field("chunk_times_s", pa.list_(pa.float64()), nullable=False),
+            pa.field("chunk_tokens", pa.list_(pa.int32()), nullable=False),
+            pa.field("prompt_tokens", pa.int32()),
+            pa.field("output_tokens", pa.int32()),
+            pa.field("max_tokens", pa.int32(), nullable=False),
+            pa.field("status", pa.string(), nullable=False),
+            pa.field("error", pa.string()),
+        ]
+    )
+
+    telemetry = pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("t_s", pa.float64(), nullable=False),
+            pa.field("metric", pa.string(), nullable=False),
+            pa.field("value", pa.float64(), nullable=False),
+            pa.field("source_metric", pa.string(), nullable=False),
+        ]
+    )
+
+    # Raw engine-metric samples for one run's window, under the engine's own metric names: what the
+    # backend's metrics store holds (the simulator's sampler, or Prometheus for the live backends).
+    scrape = pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("t_s", pa.float64(), nullable=False),
+            pa.field("source_metric", pa.string(), nullable=False),
+            pa.field("value", pa.float64(), nullable=False),
+        ]
+    )
+    return {
+        "TRACE_SCHEMA": trace,
+        "REQUESTS_SCHEMA": requests,
+        "TELEMETRY_SCHEMA": telemetry,
+        "SCRAPE_SCHEMA": scrape,
+    }
+
+
+def __getattr__(name: str) -> pa.Schema:
+    if name in _LAZY_SCHEMAS:
+        schemas = _schemas()
+        globals().update(schemas)
+        return schemas[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 TELEMETRY_METRICS = (
     "kv_cache_usage",
@@ -282,6 +310,8 @@ def write_parquet(
 
     Written without pandas metadata and with fixed options, so equal tables give equal bytes.
     """
+    import pyarrow.parquet as pq
+
     if schema is not None:
         table = conform(table, schema, what=str(path))
     table = table.replace_schema_metadata(None)
@@ -303,6 +333,8 @@ ADDED_COLUMNS = frozenset({"written_s"})
 
 def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
     """Select and cast `table`'s columns to `schema`, naming `what` in any error."""
+    import pyarrow as pa
+
     for field in schema:
         if field.name in ADDED_COLUMNS and field.name not in table.column_names:
             table = table.append_column(field, pa.nulls(table.num_rows, field.type))
@@ -324,6 +356,9 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
 
 def read_parquet(path: str | os.PathLike[str], schema: pa.Schema) -> pa.Table:
     """Read a Parquet artifact and check it against `schema`; errors name the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"{path}: no such file")

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, read_run_json, write_json, write_text
+from servelab import artifacts
+from servelab.artifacts import read_parquet, read_run_json, write_json, write_text
 from servelab.grid.config import Condition, deployment_for, deployment_record
 from servelab.grid.identity import deployment_identity, run_identity
 from servelab.grid.settings import CapacitySettings, RequestSlo, Shape
@@ -192,7 +193,7 @@ def evaluate_probe(
             "nominal_offered_rps": float(record["offered_load_rps"]),
         }
         if record["status"] == "ok":
-            table = read_parquet(Path(run_dir) / "requests.parquet", REQUESTS_SCHEMA)
+            table = read_parquet(Path(run_dir) / "requests.parquet", artifacts.REQUESTS_SCHEMA)
             req = reduce_requests(table, str(run_dir))
             metrics = run_metrics_row(
                 req, RequestSlo(None, None, None), exclude_first_graph=exclude_first_graph
@@ -223,7 +224,7 @@ def saturation_bracket(run_dirs: Sequence[str | Path], requests_per_graph: float
 
     rates = []
     for run_dir in run_dirs:
-        table = read_parquet(Path(run_dir) / "requests.parquet", REQUESTS_SCHEMA)
+        table = read_parquet(Path(run_dir) / "requests.parquet", artifacts.REQUESTS_SCHEMA)
         x = run_metrics(reduce_requests(table, str(run_dir))).throughput
         rates.append(float(x) / requests_per_graph)
     rates.sort()
