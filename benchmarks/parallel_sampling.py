@@ -30,7 +30,9 @@ the client, after its first chunk) are one pass each, or two where a chunk carri
 median over every sequence of every repeat is the pass time at k. Printed beside it: what the fits
 of `cpu_fit_stability-2026-12-04.json` (the second machine's floor: all runs, and the range over
 its bootstrap draws) predict for a pass of k decoding sequences, and the least-squares line of the
-measured pass time against k.
+measured pass time against k. For llama-server, the engine's own count of `llama_decode` calls
+(`llamacpp:n_decode_total`, with `--metrics`) around each request: one for the prompt and one a
+pass, so it shows whether the k sequences share every pass.
 """
 
 from __future__ import annotations
@@ -118,12 +120,25 @@ def served(engine: str, folder: Path) -> Iterator[str]:
             yield vllm.url
         return
     llama = LlamaServer(
-        LLAMA_FLAGS, folder / "llama-server.log", ensure_tiny_model(spec=SHARED_SPEC)
+        (*LLAMA_FLAGS, "--metrics"),
+        folder / "llama-server.log",
+        ensure_tiny_model(spec=SHARED_SPEC),
     )
     llama.command = ["taskset", "-c", ENGINE_CORE, *llama.command]
     with llama:
         warm_up(llama.url)
         yield llama.url
+
+
+def decode_calls(url: str, engine: str) -> float | None:
+    """llama-server's count of llama_decode calls so far (`llamacpp:n_decode_total`, read by
+    benchmarks/sim_vs_real_passes.py too); None for vLLM, whose counters count no passes."""
+    if engine != "llamacpp":
+        return None
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("llamacpp:n_decode_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError(f"{url}/metrics has no llamacpp:n_decode_total")
 
 
 def predicted_pass_s(fit: dict[str, float], k: int, context: float) -> float:
@@ -157,6 +172,7 @@ def main() -> int:
     gaps: dict[int, list[float]] = {k: [] for k in batches}
     chunks = dict.fromkeys(batches, 0)
     greedy_gaps: list[float] = []
+    calls: dict[int, list[float]] = {k: [] for k in batches}  # llama_decode calls a request
     wall0 = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="servelab-parallel-") as tmp,
@@ -168,7 +184,12 @@ def main() -> int:
         for _ in range(args.repeats):
             for k in batches:
                 text, _ids = next(prompts)
-                for seq in streamed_sequences(url, text, k, greedy=engine.greedy_batches):
+                before = decode_calls(url, args.engine)
+                sequences = streamed_sequences(url, text, k, greedy=engine.greedy_batches)
+                after = decode_calls(url, args.engine)
+                if before is not None and after is not None:
+                    calls[k].append(after - before)
+                for seq in sequences:
                     # a chunk may carry two tokens (the stream merges what is waiting): its gap
                     # spans two passes, and the median stays on the single passes
                     if len(seq) < OUTPUT_TOKENS // 2:
@@ -188,6 +209,7 @@ def main() -> int:
             "k": k,
             "gaps": int(g.size),
             "chunks_per_sequence": round(chunks[k] / (k * args.repeats), 2),
+            "decode_calls_per_request": calls[k],
             "pass_p50_ms": round(float(np.median(g)), 3),
             "pass_p10_ms": round(float(np.percentile(g, 10)), 3),
             "pass_p90_ms": round(float(np.percentile(g, 90)), 3),
@@ -199,6 +221,7 @@ def main() -> int:
             f"{k:2d}  {row['pass_p50_ms']:7.2f} [{row['pass_p10_ms']:.2f}, "
             f"{row['pass_p90_ms']:.2f}]  {row['fit_all_ms']:8.2f}  "
             f"{row['fit_draws_ms'][0]:.2f}-{row['fit_draws_ms'][1]:.2f}"
+            + (f"  decode calls a request {calls[k]}" if calls[k] else "")
         )
     greedy_p50 = round(float(np.median(1e3 * np.asarray(greedy_gaps))), 3)
     print(f" 1  {greedy_p50:7.2f} greedy (temperature 0)")
