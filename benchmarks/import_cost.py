@@ -13,6 +13,7 @@ environment. docs/testing.md ("Where the time goes") records the figures with th
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import platform
 import resource
@@ -55,7 +56,7 @@ def child_cpu(statement: str, env: dict[str, str]) -> tuple[float, list[str]]:
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return cpu, eval(out.stdout.strip().splitlines()[-1])  # a list literal this script printed
+    return cpu, ast.literal_eval(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:

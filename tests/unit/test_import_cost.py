@@ -58,12 +58,10 @@ def test_a_job_imports_only_what_it_uses(statement: str, allowed: set[str]) -> N
 
 def test_scipy_stats_and_matplotlib_come_when_used() -> None:
     # the lazy imports are still imports: the analysis that draws and tests loads both
-    assert {"scipy.stats", "matplotlib"} <= loaded_after(
-        "from servelab.analysis import stats, pipeline\n"
-        "stats.log_summary([1.0, 2.0, 3.0])\n"
-        "pipeline.write_figures.__call__  # the name, not a call\n"
-        "from servelab.analysis import figures"
+    assert "scipy.stats" in loaded_after(
+        "from servelab.analysis import stats\nstats.log_summary([1.0, 2.0, 3.0])"
     )
+    assert "matplotlib" in loaded_after("from servelab.analysis import figures")
 
 
 def test_the_schemas_are_built_on_first_use_and_once() -> None:
