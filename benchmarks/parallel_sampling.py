@@ -58,6 +58,7 @@ from llamacpp_engine import TOKENIZER, LlamaServer, machine
 from vllm_bench_peer import MODEL, VLLM_PYTHON, VllmServer, _free_port, warm_up
 
 from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_model
+from servelab.engines.metrics import parse_metrics_text
 from servelab.workload import warmup_prompts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,9 +136,10 @@ def decode_calls(url: str, engine: str) -> float | None:
     benchmarks/sim_vs_real_passes.py too); None for vLLM, whose counters count no passes."""
     if engine != "llamacpp":
         return None
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("llamacpp:n_decode_total"):
-            return float(line.rsplit(" ", 1)[1])
+    samples = parse_metrics_text(httpx.get(url + "/metrics", timeout=10).text)
+    for sample in samples:
+        if sample.name == "llamacpp:n_decode_total":
+            return sample.value
     raise RuntimeError(f"{url}/metrics has no llamacpp:n_decode_total")
 
 

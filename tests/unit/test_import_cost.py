@@ -66,6 +66,7 @@ def test_scipy_stats_and_matplotlib_come_when_used() -> None:
 
 def test_the_schemas_are_built_on_first_use_and_once() -> None:
     assert loaded_after("import servelab.artifacts") == set()
+    assert loaded_after("import servelab.artifacts as a\nhasattr(a, 'no_such_name')") == set()
     assert loaded_after("from servelab.artifacts import TRACE_SCHEMA") == {"pyarrow"}
     assert artifacts.TRACE_SCHEMA is artifacts.TRACE_SCHEMA
     assert artifacts.REQUESTS_SCHEMA.field("status").nullable is False

@@ -43,7 +43,7 @@ from servelab.engines.registry import engine_spec
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
-__all__ = ["FORMATS", "STYLE", "draw_figures"]
+__all__ = ["STYLE", "draw_figures"]
 
 STYLE: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans",

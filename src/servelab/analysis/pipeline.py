@@ -121,9 +121,7 @@ def write_figures(
     """Figures 1 and 6-14 as `{out_dir}/figureN.{png,pdf}` (needs every run, the trace manifests of
     the runs the fluid model uses, and the restart records if any)."""
     an = _analysis(runs, settings, manifests=manifests, restart_records=restart_records)
-    from servelab.analysis import figures  # matplotlib: only the jobs that draw import it
-
-    return figures.draw_figures(_drawable(clean(figdata.figure_data(an))), out_dir, formats)
+    return _draw(clean(figdata.figure_data(an)), out_dir, formats)
 
 
 def write_numbers(
@@ -172,9 +170,7 @@ def analyze(
     write_json(out / "numbers.json", numbers)
     write_text(out / "analysis_notes.txt", render_notes(an))
     written += [out / "numbers.json", out / "analysis_notes.txt"]
-    from servelab.analysis import figures  # matplotlib: only the jobs that draw import it
-
-    written += figures.draw_figures(_drawable(numbers["figures"]), out / "figures", formats)
+    written += _draw(numbers["figures"], out / "figures", formats)
     rs = an.runset
     return AnalysisResult(rs.found, rs.parsed, len(rs.skipped), written, an.notes())
 
@@ -222,6 +218,14 @@ def verify_against_checksums(
     if report_path is not None:
         write_text(report_path, message)
     return []
+
+
+def _draw(figure_numbers: object, out_dir: PathLike, formats: Sequence[str]) -> list[Path]:
+    """Draw the figures of numbers.json's `figures` entry (matplotlib is imported here: only the
+    jobs that draw pay for it)."""
+    from servelab.analysis import figures
+
+    return figures.draw_figures(_drawable(figure_numbers), out_dir, formats)
 
 
 def _drawable(figure_numbers: object) -> dict[str, dict[str, object]]:

@@ -61,7 +61,6 @@ class ArtifactError(ValueError):
 
 # The Parquet schemas are built on first use (PEP 562): pyarrow costs a tenth of a second to import,
 # which the Snakefile's parse and every job that writes no Parquet would otherwise pay.
-_LAZY_SCHEMAS = frozenset({"TRACE_SCHEMA", "REQUESTS_SCHEMA", "TELEMETRY_SCHEMA", "SCRAPE_SCHEMA"})
 if TYPE_CHECKING:
     TRACE_SCHEMA: pa.Schema
     REQUESTS_SCHEMA: pa.Schema
@@ -136,10 +135,12 @@ def _schemas() -> dict[str, pa.Schema]:
 
 
 def __getattr__(name: str) -> pa.Schema:
-    if name in _LAZY_SCHEMAS:
+    # only a schema's name builds them (an unknown attribute, e.g. from hasattr, imports nothing)
+    if name.endswith("_SCHEMA"):
         schemas = _schemas()
         globals().update(schemas)
-        return schemas[name]
+        if name in schemas:
+            return schemas[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
