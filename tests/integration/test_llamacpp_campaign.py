@@ -123,6 +123,32 @@ def test_runs_hold_real_telemetry_and_no_kv_usage_it_did_not_export(campaign) ->
             # σ = 0.5: the shared prefix is served from the slots' cache, and the counter
             # only grows
             assert cached[-1] > 0 and cached == sorted(cached)
+            # the window closes on a scrape taken after the run's last token, so the server's
+            # counters hold every token of the run, its last request's too (warm-ups included:
+            # they are sent inside the window); computed + cached = every prompt token
+            increase = _increases(telemetry)
+            prompt = sum(r["prompt_tokens"] for r in requests)
+            assert (
+                increase["prompt_tokens_total"] + increase["prompt_tokens_cached_total"] == prompt
+            )
+            assert increase["generation_tokens_total"] == sum(r["output_tokens"] for r in requests)
+            window = record["end_unix_s"] - record["start_unix_s"]
+            assert max(telemetry["t_s"]) > window  # the closing sample
+            gauges = {"requests_running", "requests_waiting"}
+            assert all(
+                t <= window + 1e-6
+                for m, t in zip(telemetry["metric"], telemetry["t_s"], strict=True)
+                if m in gauges
+            )
+
+
+def _increases(telemetry: dict[str, list]) -> dict[str, float]:
+    """Each counter's last value minus its first over the run's telemetry."""
+    values: dict[str, list[float]] = {}
+    order = sorted(range(len(telemetry["t_s"])), key=lambda i: telemetry["t_s"][i])
+    for i in order:
+        values.setdefault(telemetry["metric"][i], []).append(telemetry["value"][i])
+    return {m: v[-1] - v[0] for m, v in values.items() if m.endswith("_total")}
 
 
 def test_a_mismatched_arm_is_refused_quoting_the_servers_line(campaign, tmp_path) -> None:

@@ -22,6 +22,7 @@ from servelab.telemetry import TelemetryWindowError
 from servelab.telemetry.canonical import GPU_METRIC_MAP
 from servelab.telemetry.prometheus import (
     PrometheusError,
+    closing_unix_s,
     gpu_promql_queries,
     promql_queries,
     pull_scrape_files,
@@ -220,6 +221,8 @@ def test_bad_query_fails_at_once_naming_it() -> None:
 
 
 def test_pull_scrape_files_writes_the_raw_schema(prom_full: FakePrometheus, tmp_path: Path) -> None:
+    """The window runs on to its closing time: a run ending at 30 s, scraped every 2 s, is pulled
+    to 35 s, the first step whose latest scrape came after the end."""
     path = tmp_path / "scrape.parquet"
     pull_scrape_files(
         prometheus_url=prom_full.url,
@@ -229,10 +232,40 @@ def test_pull_scrape_files_writes_the_raw_schema(prom_full: FakePrometheus, tmp_
         start_unix_s=START,
         end_unix_s=START + 30,
         step_s=5.0,
+        scrape_interval_s=2.0,
         scrape_path=path,
     )
     table = read_parquet(path, SCRAPE_SCHEMA)
-    assert table.num_rows == 7 * 7  # seven vLLM series, seven steps each
+    assert table.num_rows == 7 * 8  # seven vLLM series, eight steps each: 0 to 35 s
+    assert max(table.column("t_s").to_pylist()) == 35.0
+
+
+@pytest.mark.parametrize(
+    ("end", "interval", "closing"),
+    [(10.32, 1.0, 12.0), (10.0, 1.0, 11.0), (9.0, 0.0, 9.0), (9.5, 0.0, 10.0), (30.0, 15.0, 45.0)],
+)
+def test_the_window_closes_a_scrape_interval_after_the_end(
+    end: float, interval: float, closing: float
+) -> None:
+    """The closing time is a point of the step grid (1 s here, from the start) at least one scrape
+    interval after the end, so the scrape it sees was taken after the run's last token."""
+    got = closing_unix_s(START, START + end, step_s=1.0, scrape_interval_s=interval)
+    assert got == pytest.approx(START + closing)
+    assert got - START == pytest.approx(round(got - START))  # on the grid
+
+
+def test_a_window_that_closes_before_its_end_is_refused(prom_full: FakePrometheus) -> None:
+    with pytest.raises(ValueError, match="closes at"):
+        pull_window(
+            prometheus_url=prom_full.url,
+            engine="vllm",
+            selector={"deployment": "d"},
+            run_id="r",
+            start_unix_s=START,
+            end_unix_s=START + 30,
+            step_s=5.0,
+            until_unix_s=START + 25,
+        )
 
 
 def _gpu_answer(gpus: int) -> Answer:
@@ -270,6 +303,7 @@ def test_the_gpu_series_join_the_scrape_or_are_left_out(
             start_unix_s=START,
             end_unix_s=START + 60.0,
             step_s=5.0,
+            scrape_interval_s=0.0,
             scrape_path=path,
             gpu_selector={"node": "gke-n1"},
         )
@@ -291,6 +325,7 @@ def test_no_gpu_selector_pulls_no_gpu_series(prom_full: FakePrometheus, tmp_path
         start_unix_s=START,
         end_unix_s=START + 30,
         step_s=5.0,
+        scrape_interval_s=1.0,
         scrape_path=tmp_path / "scrape.parquet",
         gpu_selector={},
     )

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from servelab.analysis.energy import RunCost, gpu_energy_j, ok_output_tokens, run_cost
-from servelab.analysis.reduce import reduce_requests
+from servelab.analysis.reduce import reduce_requests, reduce_telemetry
 from servelab.analysis.slo import write_run_metrics
 from servelab.analysis.synthetic import RunSpec, telemetry_table, write_simple_run
 from servelab.artifacts import (
@@ -194,6 +194,35 @@ def test_the_gpu_series_map_to_canonical_names_when_they_cover_the_window() -> N
     metrics = table.column("metric").to_pylist()
     assert metrics.count("gpu_energy_mj") == metrics.count("gpu_power_w") == 13
     assert gpu_energy_j(table) == pytest.approx(7e4 * 60 / 1000)  # 70 W for 60 s: 4.2 kJ
+
+
+def test_the_closing_samples_count_events_but_not_gauges_or_idle_energy() -> None:
+    """Past the window's end (60 s here; the closing samples at 65 and 70 s): a count of events
+    keeps them, since what the engine counted in the last step arrives there; a gauge loses them
+    (an idle engine); the energy counter ends at the window's end, interpolated."""
+    from servelab.engines.metrics import METRIC_MAP
+
+    late = [5.0 * k for k in range(15)]  # 0 to 70 s
+    preemptions = METRIC_MAP["vllm"]["preemptions_total"]
+    waiting = METRIC_MAP["vllm"]["requests_waiting"]
+    energy = GPU_METRIC_MAP["gpu_energy_mj"]
+    series = {
+        **_engine_series(),
+        preemptions: [(t, 0.0 if t < 62 else 3.0) for t in late],
+        waiting: [(t, 4.0 if t <= 60 else 0.0) for t in late],
+        # 70 W to 57.5 s, then idle at 10 W: the samples around the end are 55 and 65 s
+        energy: [(t, 1e9 + 7e4 * min(t, 57.5) + 1e4 * max(t - 57.5, 0.0)) for t in late[::-1]],
+    }
+    series[energy] = [p for p in series[energy] if p[0] != 60.0]
+    table = _canonical(_scrape(series))
+    rows = table.to_pylist()
+    kept = {m: [r["t_s"] for r in rows if r["metric"] == m] for m in {r["metric"] for r in rows}}
+    assert kept["preemptions_total"][-1] == 70.0
+    assert reduce_telemetry(table)[1] == 3.0  # counted in the run's last step, seen at 65 s
+    assert kept["requests_waiting"][-1] == 60.0
+    assert kept["gpu_energy_mj"][-1] == 60.0
+    # interpolated between 55 s and 65 s: (7e4 × 2.5 + 1e4 × 7.5) / 10 × 5 = 125 J past 55 s
+    assert gpu_energy_j(table) == pytest.approx((7e4 * 55 + 125_000) / 1000)
 
 
 def test_a_partial_or_missing_gpu_series_is_left_out_never_an_error() -> None:

@@ -181,7 +181,13 @@ def test_run_artifacts_follow_the_contract(
     assert set(METRIC_MAP["vllm"].values()) - {None} <= names
     times = sorted({s["t_s"] for s in scrape})
     assert times[0] == 0.0 and np.allclose(np.diff(times), 5.0)
-    assert times[-1] <= record["end_unix_s"] - record["start_unix_s"] < times[-1] + 5.0
+    # the window's closing sample: the first telemetry time at or after the end
+    window = record["end_unix_s"] - record["start_unix_s"]
+    assert times[-2] < window <= times[-1] < window + 5.0
+    # so the counters hold the whole run: every token the requests were sent, to the last step
+    generated = [s["value"] for s in scrape if s["source_metric"] == "vllm:generation_tokens_total"]
+    assert generated[0] == 0.0
+    assert generated[-1] == sum(r["output_tokens"] for r in reqs)
 
 
 def test_graph_release_semantics_are_honoured(

@@ -63,6 +63,7 @@ def write_run(
     write_parquet(
         folder / "requests.parquet", pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA
     )
+    end = max(2.0, max(r["chunk_times_s"][-1] for r in rows))
     scrape = pa.Table.from_pylist(
         [
             {
@@ -72,11 +73,23 @@ def write_run(
                 "value": waiting,
             }
             for t in range(3)
+        ]
+        # the window's closing sample, past its end: an idle engine, not the run's queue
+        + [
+            {
+                "run_id": "r",
+                "t_s": end + 1.0,
+                "source_metric": "vllm:num_requests_waiting",
+                "value": 0,
+            }
         ],
         SCRAPE_SCHEMA,
     )
     write_parquet(folder / "scrape.parquet", scrape, SCRAPE_SCHEMA)
-    write_json(folder / "run.json", {"offered_load_rps": offered, "status": status})
+    write_json(
+        folder / "run.json",
+        {"offered_load_rps": offered, "status": status, "start_unix_s": 0.0, "end_unix_s": end},
+    )
     return folder
 
 

@@ -71,8 +71,10 @@ class RunPair:
     predicted_dir: Path
 
 
-def _waiting_series(run_dir: Path, engine: str) -> list[tuple[float, float]]:
-    """(t_s, waiting requests) samples of a run's engine gauge, sorted by time."""
+def _waiting_series(run_dir: Path, engine: str, window_s: float) -> list[tuple[float, float]]:
+    """(t_s, waiting requests) samples of a run's engine gauge in its window [0, window_s],
+    sorted by time (the window's closing samples, past its end, describe an idle engine:
+    servelab.telemetry.canonical)."""
     name = engine_spec(engine).metric_map.get("requests_waiting")
     if name is None:
         return []
@@ -86,7 +88,7 @@ def _waiting_series(run_dir: Path, engine: str) -> list[tuple[float, float]]:
         table.column("value").to_pylist(),
         strict=True,
     ):
-        if metric in accepted:
+        if metric in accepted and t <= window_s + 1e-6:
             out[round(float(t), 3)] = out.get(round(float(t), 3), 0.0) + float(value)
     return sorted(out.items())
 
@@ -115,7 +117,8 @@ def read_run(run_dir: Path, engine: str, duration_s: float) -> RunReading:
     )
     itl = req.itl_token[np.isin(req.itl_row, sample_rows)]
     itl = itl[np.isfinite(itl)]
-    series = _waiting_series(run_dir, engine)
+    window_s = float(record["end_unix_s"]) - float(record["start_unix_s"])
+    series = _waiting_series(run_dir, engine, window_s)
     waiting = [v for _t, v in series]
     values = {
         "ttft_p50": metrics.ttft_p50,

@@ -365,8 +365,9 @@ class KubernetesBackend:
                 node_identity=lambda: self.node_identity(deployment_id, container=engine),
                 prometheus_url=prometheus_url,
                 metrics_selector=self.metrics_selector(deployment_id),
-                # two scrape intervals after the end, so the run's last samples are in
-                scrape_settle_s=2 * self.settings.pod_monitor.interval_s + 1.0,
+                scrape_interval_s=self.settings.pod_monitor.interval_s,
+                # a scrape interval after the window's closing time, so its scrape is stored
+                scrape_settle_s=self.settings.pod_monitor.interval_s + 1.0,
                 reclamation=reclaimed,
                 extra={
                     "kubernetes": {

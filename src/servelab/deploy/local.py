@@ -613,7 +613,8 @@ class LocalBackend:
                     node_identity=lambda: self._identity(deployment_dir),
                     prometheus_url=prometheus_url,
                     metrics_selector={"deployment": deployment["deployment_id"]},
-                    scrape_settle_s=2 * SCRAPE_INTERVAL_S + 0.5,
+                    scrape_interval_s=SCRAPE_INTERVAL_S,
+                    scrape_settle_s=0.5,
                     reclamation=reclamation,
                     extra={
                         "local": {

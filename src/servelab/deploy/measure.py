@@ -42,7 +42,10 @@ class LiveTarget:
     node_identity: Callable[[], Mapping[str, Any]]
     prometheus_url: str
     metrics_selector: Mapping[str, str]  # label matchers of this deployment's series
-    # How long after the run's end to wait before pulling, so the last scrape has happened.
+    # How often Prometheus scrapes the engine: the window is pulled to a time whose latest scrape
+    # came after the run's end (servelab.telemetry.prometheus.closing_unix_s).
+    scrape_interval_s: float
+    # How long after that closing time to wait before pulling, so Prometheus holds its scrape.
     scrape_settle_s: float
     # Why the run's node changed, from the finished record and dispatch result (None: it did not).
     reclamation: Callable[[Mapping[str, Any], DispatchResult], str | None]
@@ -105,6 +108,7 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         start_unix_s=record["start_unix_s"],
         end_unix_s=record["end_unix_s"],
         step_s=request.telemetry.step_s,
+        scrape_interval_s=target.scrape_interval_s,
         scrape_path=request.scrape_path,
         require_full_window=record["status"] == "ok",
         settle_s=target.scrape_settle_s,

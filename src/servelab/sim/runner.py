@@ -314,6 +314,11 @@ class _Run:
         """The last telemetry, every record (unfinished ones closed as errors) and the outcome."""
         now = self.now
         self.sample_until(now + 1e-9)
+        # The window's closing sample, as a live backend pulls it (servelab.telemetry.prometheus,
+        # closing_unix_s): the first telemetry time at or after the end sees the finished run.
+        if not self.samples or self.samples[-1][0] < now:
+            self.samples.append((self.next_sample, self.model.metrics()))
+            self.next_sample = round(self.next_sample + self.telemetry_step_s, 9)
         out = [self.records[r] for r in self.order]
         for rec in out:
             if not rec.done and rec.sent_s is not None:

@@ -8,6 +8,14 @@ gauge (`GPU_METRIC_MAP`), which only the kubernetes backend pulls. They map to `
 `gpu_power_w` when they cover the whole window; a GPU series that is absent or covers only part
 of an ok run's window is left out (logged), never an error and never filled in: the energy
 figures computed from it are then null rather than an undercount.
+
+**The closing samples.** Every backend's window runs on past the run's end to a closing time whose
+scrape saw the finished run (servelab.telemetry.prometheus.closing_unix_s; the simulator's first
+telemetry time at or after the end), because what an engine counts in its last step would
+otherwise be lost. The canonical table keeps those samples for the counts of events (the
+`*_total` counters: nothing the run asked for happens after its last token), drops them for the
+gauges (a gauge past the end describes an idle engine, not the run), and ends the energy counter
+at the window's end, interpolated between the samples around it.
 """
 
 from __future__ import annotations
@@ -48,6 +56,12 @@ GPU_METRIC_MAP = dict(
 )
 
 
+# Samples this close past the window's end are the end's own (times are rounded to 1 µs).
+_END_SLACK_S = 1e-6
+# The one counter of a continuous quantity (mJ): its increase is cut at the window's end.
+ENERGY_COUNTER = "gpu_energy_mj"
+
+
 class TelemetryWindowError(ArtifactError):
     """The run's metric window is missing or only partly covered."""
 
@@ -80,6 +94,7 @@ def canonicalize(
             problem = _coverage_problem(times, duration_s=duration_s, step_s=step_s, series=source)
             if problem:
                 raise TelemetryWindowError(f"{what}: {problem}")
+        times, values = _in_window(canonical, times, values, duration_s)
         _append(columns, run_id, canonical, source, times, values)
     # the GPU's series (kubernetes backend only): kept whole or not at all (module docstring)
     for canonical, source in sorted(GPU_METRIC_MAP.items()):
@@ -93,8 +108,30 @@ def canonicalize(
                     "%s: %s; left out of the telemetry (its figures are null)", what, problem
                 )
                 continue
+        times, values = _in_window(canonical, times, values, duration_s)
         _append(columns, run_id, canonical, source, times, values)
     return pa.table(columns, schema=TELEMETRY_SCHEMA)
+
+
+def _in_window(
+    canonical: str, times: np.ndarray, values: np.ndarray, duration_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """A series' samples of the run's window (module docstring, "The closing samples"): a count
+    of events keeps the samples past the end, a gauge loses them, and the energy counter ends
+    at the window's end, interpolated between the samples around it."""
+    if canonical.endswith("_total"):
+        return times, values
+    inside = times <= duration_s + _END_SLACK_S
+    if canonical != ENERGY_COUNTER or inside.all() or not inside.any():
+        return times[inside], values[inside]
+    order = np.argsort(times, kind="stable")
+    times, values = times[order], values[order]
+    last = int(np.flatnonzero(times <= duration_s + _END_SLACK_S)[-1])
+    t0, v0, t1, v1 = times[last], values[last], times[last + 1], values[last + 1]
+    if t0 >= duration_s or v1 < v0:  # on the end already, or a reset: no interpolation
+        return times[: last + 1], values[: last + 1]
+    at_end = v0 + (v1 - v0) * (duration_s - t0) / (t1 - t0)
+    return np.append(times[: last + 1], duration_s), np.append(values[: last + 1], at_end)
 
 
 def _series(

@@ -5,6 +5,16 @@ run's window [start, end] at the configured step; samples are kept under the eng
 name with `t_s` in seconds from the run start (artifacts.SCRAPE_SCHEMA), the same raw form the
 simulator writes, so one canonical mapping (telemetry.canonicalize) serves every backend.
 
+**The window closes after the run.** A range query evaluates at start, start + step, ... and never
+past `end`, and each evaluation sees the last scrape before it, so a window that ended at its own
+time would lose what the engine counted in its last step and last scrape interval: at one
+1-second step, a 12-second run whose last graph arrived at 9.6 s kept 1,280 of the 3,840 prompt
+tokens its engine computed (docs/architecture.md, "The run's metric window"). The query therefore
+runs on to the **closing time** (`closing_unix_s`): the first step of the grid at least one scrape
+interval after the run's end, whose evaluation sees a scrape taken after the run's last token. The
+samples past `end` are there for the counters; the canonical telemetry keeps them for counters
+only (telemetry.canonicalize).
+
 A missing or partial window is an error (TelemetryWindowError), never an empty table: the pulled
 samples are checked with the same coverage rule the telemetry stage applies. Requests are retried
 a bounded number of times on connection errors and 5xx answers.
@@ -24,6 +34,7 @@ of what they generate.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -38,6 +49,7 @@ from servelab.telemetry.canonical import GPU_METRIC_MAP, TelemetryWindowError, c
 
 __all__ = [
     "PrometheusError",
+    "closing_unix_s",
     "gpu_promql_queries",
     "promql_queries",
     "pull_gpu_window",
@@ -116,6 +128,18 @@ def promql_queries(engine: str, selector: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def closing_unix_s(
+    start_unix_s: float, end_unix_s: float, *, step_s: float, scrape_interval_s: float
+) -> float:
+    """The time a run's window is pulled to (module docstring): the first time of the step grid
+    from `start_unix_s` at least `scrape_interval_s` after `end_unix_s`. The most recent scrape at
+    that time was taken at or after the run's end (scrapes `scrape_interval_s` apart)."""
+    if step_s <= 0 or scrape_interval_s < 0:
+        raise ValueError(f"step {step_s} and scrape interval {scrape_interval_s}: bad values")
+    steps = math.ceil((end_unix_s + scrape_interval_s - start_unix_s) / step_s - 1e-9)
+    return start_unix_s + max(steps, 0) * step_s
+
+
 def query_range(
     client: httpx.Client,
     query: str,
@@ -174,18 +198,22 @@ def pull_window(
     start_unix_s: float,
     end_unix_s: float,
     step_s: float,
+    until_unix_s: float | None = None,
     require_full_window: bool = True,
     retries: int = 3,
     backoff_s: float = 0.5,
     timeout_s: float = 30.0,
 ) -> pa.Table:
-    """The run's raw samples (SCRAPE_SCHEMA). With `require_full_window`, every series must cover
-    the window (one missed step allowed at either end and between samples) or this raises
-    TelemetryWindowError naming the series."""
+    """The run's raw samples (SCRAPE_SCHEMA) on the step grid from the window's start to
+    `until_unix_s` (the closing time, `closing_unix_s`; None: the window's end). With
+    `require_full_window`, every series must cover the window (one missed step allowed at either
+    end and between samples) or this raises TelemetryWindowError naming the series."""
     if end_unix_s <= start_unix_s:
         raise ValueError(f"run {run_id}: empty window {start_unix_s}..{end_unix_s}")
     if step_s <= 0:
         raise ValueError(f"run {run_id}: step must be positive, got {step_s}")
+    if until_unix_s is not None and until_unix_s < end_unix_s:
+        raise ValueError(f"run {run_id}: the window closes at {until_unix_s}, before its end")
     columns: dict[str, list[Any]] = {name: [] for name in SCRAPE_SCHEMA.names}
     queries = promql_queries(engine, selector)
     with httpx.Client(base_url=prometheus_url.rstrip("/"), timeout=timeout_s) as client:
@@ -194,7 +222,7 @@ def pull_window(
                 client,
                 query,
                 start_unix_s=start_unix_s,
-                end_unix_s=end_unix_s,
+                end_unix_s=_query_end(end_unix_s, until_unix_s, step_s),
                 step_s=step_s,
                 retries=retries,
                 backoff_s=backoff_s,
@@ -215,6 +243,14 @@ def pull_window(
             require_full_window=True,
         )
     return table
+
+
+def _query_end(end_unix_s: float, until_unix_s: float | None, step_s: float) -> float:
+    """The `end` of the range query: the window's end, or its closing time (a point of the step
+    grid) plus a margin that keeps it in the grid however the two times round in the query."""
+    if until_unix_s is None:
+        return end_unix_s
+    return until_unix_s + min(step_s / 2, 0.01)
 
 
 def _append_samples(
@@ -240,11 +276,13 @@ def pull_gpu_window(
     start_unix_s: float,
     end_unix_s: float,
     step_s: float,
+    until_unix_s: float | None = None,
     retries: int = 3,
     backoff_s: float = 0.5,
     timeout_s: float = 30.0,
 ) -> pa.Table:
-    """The engine GPU's raw DCGM samples over the run's window (SCRAPE_SCHEMA rows under the DCGM
+    """The engine GPU's raw DCGM samples over the run's window, to `until_unix_s` as
+    `pull_window` (SCRAPE_SCHEMA rows under the DCGM
     names). A series Prometheus does not hold, or holds for more than one GPU, is logged and left
     out (module docstring); coverage is judged where the series is read (telemetry.canonical)."""
     columns: dict[str, list[Any]] = {name: [] for name in SCRAPE_SCHEMA.names}
@@ -255,7 +293,7 @@ def pull_gpu_window(
                     client,
                     query,
                     start_unix_s=start_unix_s,
-                    end_unix_s=end_unix_s,
+                    end_unix_s=_query_end(end_unix_s, until_unix_s, step_s),
                     step_s=step_s,
                     retries=retries,
                     backoff_s=backoff_s,
@@ -285,16 +323,22 @@ def pull_scrape_files(
     end_unix_s: float,
     step_s: float,
     scrape_path: str | os.PathLike[str],
+    scrape_interval_s: float,
     require_full_window: bool = True,
     settle_s: float = 0.0,
     retries: int = 3,
     gpu_selector: Mapping[str, str] | None = None,
 ) -> pa.Table:
-    """`pull_window`, then write scrape.parquet atomically. `settle_s`: wait until that long after
-    the window's end first (at most `settle_s`), so Prometheus has scraped the last interval.
-    `gpu_selector`: the engine GPU's label matchers; its DCGM series join the engine's
-    (`pull_gpu_window`). None or empty: no GPU series (a backend without them)."""
-    wait = min(settle_s, end_unix_s + settle_s - time.time())  # never more than settle_s
+    """`pull_window` to the window's closing time (`closing_unix_s`: Prometheus scrapes every
+    `scrape_interval_s`), then write scrape.parquet atomically. `settle_s`: wait until that long
+    after the closing time first, so Prometheus holds the scrape it sees there. `gpu_selector`:
+    the engine GPU's label matchers; its DCGM series join the engine's (`pull_gpu_window`). None
+    or empty: no GPU series (a backend without them)."""
+    until = closing_unix_s(
+        start_unix_s, end_unix_s, step_s=step_s, scrape_interval_s=scrape_interval_s
+    )
+    # bounded: never longer than the closing time's distance from the end, plus `settle_s`
+    wait = min(until - end_unix_s + settle_s, until + settle_s - time.time())
     if wait > 0:
         time.sleep(wait)
     table = pull_window(
@@ -305,6 +349,7 @@ def pull_scrape_files(
         start_unix_s=start_unix_s,
         end_unix_s=end_unix_s,
         step_s=step_s,
+        until_unix_s=until,
         require_full_window=require_full_window,
         retries=retries,
     )
@@ -316,6 +361,7 @@ def pull_scrape_files(
             start_unix_s=start_unix_s,
             end_unix_s=end_unix_s,
             step_s=step_s,
+            until_unix_s=until,
             retries=retries,
         )
         table = pa.concat_tables([table, gpu])
