@@ -14,7 +14,9 @@ import pytest
 import yaml
 from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
+from servelab.artifacts import file_sha256
 from servelab.campaign.deploy import confirm, gate
+from servelab.deploy import RunRequest
 from servelab.deploy.kube_cluster import DeployTimeout, KubernetesBackendError, PodFailed
 from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_for, write_rendered
@@ -303,23 +305,16 @@ def test_cluster_without_the_podmonitor_crd_or_the_namespace(study: dict, tmp_pa
         backend_for(kube).cluster.apply(rendered)
 
 
-@pytest.mark.parametrize("reclaim", [False, True])
-def test_run_glues_dispatch_node_identity_and_telemetry(
-    study: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reclaim: bool
+def _fake_measurement(
+    monkeypatch: pytest.MonkeyPatch, cluster: FakeCluster, seen: dict, *, reclaim: bool = False
 ) -> None:
-    """run() with the dispatcher and the Prometheus pull replaced by recorders: the engine is
-    confirmed, node identity is read at start and end, a change marks the run interrupted."""
+    """Replace the dispatcher and the Prometheus pull where the live measurement step calls them
+    (servelab.deploy.measure) with recorders: `seen` gets their arguments and the identities."""
     import pyarrow as pa
 
     import servelab.deploy.measure as measure_mod
     from servelab.artifacts import REQUESTS_SCHEMA, SCRAPE_SCHEMA, write_parquet
     from servelab.artifacts.runrecord import build_run_record
-    from servelab.deploy import RunRequest
-    from servelab.grid.settings import DispatchSettings, TelemetrySettings
-
-    spec = _spec(study, "defaults", "vllm", "rate-0.12")  # run() renders it itself
-    cluster = _cluster()
-    seen: dict = {}
 
     def fake_dispatch(**kw):
         seen["dispatch"] = kw
@@ -328,6 +323,7 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
             cluster.reclaim_node()
         end = dict(kw["node_identity_fn"]())
         seen["identities"] = (start, end)
+        seen.setdefault("pods", []).append(start["pod_uid"])
         table = pa.Table.from_pylist([], REQUESTS_SCHEMA)
         record = build_run_record(
             arm=kw["arm"],
@@ -354,24 +350,30 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         seen["pull"] = kw
         write_parquet(kw["scrape_path"], pa.Table.from_pylist([], SCRAPE_SCHEMA), SCRAPE_SCHEMA)
 
-    # the live measurement step calls them (servelab.deploy.measure): replace them there
     monkeypatch.setattr(measure_mod, "dispatch_run", fake_dispatch)
     monkeypatch.setattr(measure_mod, "pull_scrape_files", fake_pull)
+
+
+def _run_request(
+    study: dict, tmp_path: Path, spec: dict, *, trace: Path, attempt: int = 1
+) -> RunRequest:
+    from servelab.grid.settings import DispatchSettings, TelemetrySettings
+
     run_dir = tmp_path / "results/runs/defaults/vllm/rate-0.12/rep1"
-    request = RunRequest(
+    return RunRequest(
         arm="defaults",
         engine="vllm",
         condition="rate-0.12",
         rep="rep1",
         deployment=spec,
         resolved_config={"chunked_prefill": False, "chunk_size": None},
-        trace_path="t",
+        trace_path=str(trace),
         manifest_path="m",
         offered_load_rps=0.72,
         dispatch=DispatchSettings.from_section(study["dispatch"]),
         telemetry=TelemetrySettings.from_section(study["telemetry"]),
         success_threshold=0.95,
-        attempt=1,
+        attempt=attempt,
         requests_path=str(run_dir / "requests.parquet"),
         scrape_path=str(run_dir / "scrape.parquet"),
         run_json_path=str(run_dir / "run.json"),
@@ -379,6 +381,22 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         faults=[{"run": "defaults/vllm/rate-0.12/rep1", "kind": "fail"}],
         gate=gate,
     )
+
+
+@pytest.mark.parametrize("reclaim", [False, True])
+def test_run_glues_dispatch_node_identity_and_telemetry(
+    study: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reclaim: bool
+) -> None:
+    """run() with the dispatcher and the Prometheus pull replaced by recorders: the engine is
+    confirmed, node identity is read at start and end, a change marks the run interrupted."""
+    spec = _spec(study, "defaults", "vllm", "rate-0.12")  # run() renders it itself
+    cluster = _cluster()
+    seen: dict = {}
+    _fake_measurement(monkeypatch, cluster, seen, reclaim=reclaim)
+    trace = tmp_path / "trace.parquet"
+    trace.write_bytes(b"a trace")
+    request = _run_request(study, tmp_path, spec, trace=trace)
+    run_dir = Path(request.run_json_path).parent
     with running(cluster) as kube:
         backend = backend_for(kube)
         record = backend.run(request)  # not deployed yet: ensure_deployed brings it up and gates it
@@ -410,6 +428,37 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
         assert watch_reason is None
     gone = seen["dispatch"]["node_change"](seen["identities"][0], {"pod_gone": True})
     assert gone == "the engine pod was gone during the run"
+
+
+def test_a_pod_that_served_the_trace_is_restarted_before_the_run(
+    study: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry sends the same prompts again: a pod that was sent the run's trace is deleted
+    first, and the run goes to its gated replacement (a cold prefix cache, as on the local
+    backend). A pod replaced since (a reclamation) starts with no trace served."""
+    spec = _spec(study, "defaults", "vllm", "rate-0.12")
+    cluster = _cluster()
+    seen: dict = {}
+    _fake_measurement(monkeypatch, cluster, seen)
+    first, second = tmp_path / "rep1.parquet", tmp_path / "rep2.parquet"
+    first.write_bytes(b"the first repetition's trace")
+    second.write_bytes(b"the second repetition's trace")
+    deployment_id = spec["deployment_id"]
+    with running(cluster) as kube:
+        backend = backend_for(kube)
+        backend.run(_run_request(study, tmp_path, spec, trace=first))
+        backend.run(_run_request(study, tmp_path, spec, trace=second))  # another trace: same pod
+        assert seen["pods"][0] == seen["pods"][1]
+        backend.run(_run_request(study, tmp_path, spec, trace=first, attempt=2))  # a retry
+        pod = backend.cluster.engine_pod(deployment_id)["metadata"]["uid"]
+        assert seen["pods"][2] == pod != seen["pods"][1]
+        assert backend.cluster.gated_pod(deployment_id) == pod  # the new pod passed the gate
+        assert backend.cluster.served_traces(deployment_id, pod) == [file_sha256(first)]
+        assert backend.cluster.served_traces(deployment_id, seen["pods"][1]) == []
+        cluster.reclaim_node()  # the Deployment recreates the pod elsewhere: its cache is empty
+        backend.run(_run_request(study, tmp_path, spec, trace=second, attempt=2))
+        assert seen["pods"][3] != pod
+        assert len(set(seen["pods"])) == 3  # the reclamation was the only restart
 
 
 def test_a_gated_pod_is_not_read_again_but_a_new_pod_is(study: dict, tmp_path: Path) -> None:

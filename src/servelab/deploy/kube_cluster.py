@@ -38,6 +38,7 @@ __all__ = [
     "DEPLOYMENT_LABEL",
     "ENGINE_SELECTOR",
     "GATED_ANNOTATION",
+    "SERVED_ANNOTATION",
     "DeployTimeout",
     "KubeCluster",
     "KubernetesBackendError",
@@ -66,6 +67,9 @@ DEPLOYMENT_LABEL = "servelab.dev/deployment"
 # re-reads the log only when the current pod is another one (kubelet rotates container logs, so
 # the start-up lines of a long-running pod may no longer be readable).
 GATED_ANNOTATION = "servelab.dev/gated-pod-uid"
+# The traces the engine pod has been sent since it started, as JSON {"pod": uid, "traces": [sha256]}:
+# its prefix cache may hold their prompts (servelab.deploy.prompt_cache).
+SERVED_ANNOTATION = "servelab.dev/served-traces"
 POD_MONITOR = ("monitoring.coreos.com", "v1", "podmonitors")
 # Replacing an object another job changed meanwhile (409 Conflict): read it again, this often.
 REPLACE_ATTEMPTS = 5
@@ -625,6 +629,34 @@ class KubeCluster:
 
     def mark_gated(self, deployment_id: str, pod_uid: str) -> None:
         """Record on the Deployment which pod passed the gate (metadata only: no rollout)."""
+        self._annotate(deployment_id, GATED_ANNOTATION, pod_uid, "the gated pod")
+
+    def served_traces(self, deployment_id: str, pod_uid: str) -> list[str]:
+        """The sha256 of every trace the pod `pod_uid` has been sent, as recorded on the
+        Deployment (`mark_served`); a record of another pod (one since replaced) is empty."""
+        current = self.read_deployment(deployment_id) or {"metadata": {}}
+        text = (current["metadata"].get("annotations") or {}).get(SERVED_ANNOTATION)
+        if not text:
+            return []
+        try:
+            record = json.loads(text)
+            return [str(t) for t in record["traces"]] if record["pod"] == pod_uid else []
+        except (ValueError, KeyError, TypeError) as exc:
+            raise KubernetesBackendError(
+                f"Deployment/{deployment_id}: annotation {SERVED_ANNOTATION} is not "
+                f'{{"pod": uid, "traces": [...]}}: {text[:200]!r}'
+            ) from exc
+
+    def mark_served(self, deployment_id: str, pod_uid: str, trace_sha256: str) -> None:
+        """Record on the Deployment that the pod `pod_uid` has been sent this trace."""
+        traces = self.served_traces(deployment_id, pod_uid)
+        if trace_sha256 not in traces:
+            traces.append(trace_sha256)
+        record = json.dumps({"pod": pod_uid, "traces": traces}, separators=(",", ":"))
+        self._annotate(deployment_id, SERVED_ANNOTATION, record, "the traces its pod served")
+
+    def _annotate(self, deployment_id: str, key: str, value: str, what: str) -> None:
+        """Set one annotation of the Deployment (metadata only: no rollout)."""
         from kubernetes.client.exceptions import ApiException  # lazy: see the module docstring
 
         for _ in range(3):  # optimistic concurrency: retry on a conflicting update
@@ -632,7 +664,7 @@ class KubeCluster:
                 self.apps.read_namespaced_deployment(deployment_id, self.namespace, **self._kw())
             )
             meta = current["metadata"]
-            meta["annotations"] = {**(meta.get("annotations") or {}), GATED_ANNOTATION: pod_uid}
+            meta["annotations"] = {**(meta.get("annotations") or {}), key: value}
             try:
                 self.apps.replace_namespaced_deployment(
                     deployment_id,
@@ -644,7 +676,7 @@ class KubeCluster:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-        raise KubernetesBackendError(f"Deployment/{deployment_id}: could not record the gated pod")
+        raise KubernetesBackendError(f"Deployment/{deployment_id}: could not record {what}")
 
     # ------------------------------------------------------------------ teardown
 

@@ -23,8 +23,13 @@ pod lifecycle, waits, logs) and the node identity of servelab.deploy.node.
    running for inspection (the next deployment retires it).
 3. `run` confirms the engine first (`ensure_deployed`): a Deployment retired by another deployment
    is applied again, and a pod not gated yet (one recreated after a reclamation) has its start-up
-   log gated through the gate the campaign passed in (`RunRequest.gate`). Node identity is
-   recorded at run start and end and watched during the run; a change names the reclamation.
+   log gated through the gate the campaign passed in (`RunRequest.gate`). A pod that has been
+   sent the run's trace before (a retry, or a redo on a pod that stayed up: the Deployment's
+   servelab.dev/served-traces records which traces its current pod was sent) is deleted first,
+   so the run starts from a prefix cache that holds none of its prompts, as on the local backend
+   (docs/campaigns.md, "A cold prompt cache"); the Deployment recreates it and it is gated. Node
+   identity is recorded at run start and end and watched during the run; a change names the
+   reclamation.
 4. `teardown` deletes the Deployment, Service and PodMonitor (never the weight volume, nor the
    DCGM exporter's PodMonitor, which every deployment shares).
 """
@@ -40,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from servelab.artifacts import write_text
+from servelab.artifacts import file_sha256, write_text
 from servelab.deploy.backend import Deployed, Gate, NodeSlot, RunRequest
 from servelab.deploy.kube_cluster import (
     KubeCluster,
@@ -327,6 +332,35 @@ class KubernetesBackend:
             deployment_id, node=node, pod=str(pod["metadata"]["name"])
         )
 
+    def _cold_for(
+        self,
+        trace_path: str | os.PathLike[str],
+        deployment: Mapping[str, Any],
+        pod: Mapping[str, Any],
+        *,
+        gate: Gate | None,
+    ) -> dict[str, Any]:
+        """The engine pod to send `trace_path` to: `pod`, or, when it has been sent that trace
+        before, a fresh one (the old pod deleted; the new one ready and gated). The trace is
+        recorded as sent before the first request: an attempt that breaks off has still filled
+        the cache."""
+        deployment_id = str(deployment["deployment_id"])
+        trace_sha256 = file_sha256(trace_path)
+        uid = str(pod["metadata"]["uid"])
+        if trace_sha256 in self.cluster.served_traces(deployment_id, uid):
+            log.info(
+                "deployment %s: pod %s has served this trace (%s...): its prefix cache may hold "
+                "the run's prompts, so it is restarted",
+                deployment_id,
+                pod["metadata"]["name"],
+                trace_sha256[:12],
+            )
+            self.cluster.delete_pod(str(pod["metadata"]["name"]))
+            pod = self.ensure_deployed(deployment, gate=gate)
+            uid = str(pod["metadata"]["uid"])
+        self.cluster.mark_served(deployment_id, uid, trace_sha256)
+        return dict(pod)
+
     def run(self, request: RunRequest) -> dict[str, Any]:
         """One measured run against the deployed engine (the servelab.deploy.Backend protocol).
 
@@ -350,6 +384,7 @@ class KubernetesBackend:
                 request.faults,
             )
         pod = self.ensure_deployed(deployment, gate=request.gate)
+        pod = self._cold_for(request.trace_path, deployment, pod, gate=request.gate)
         base_url = self.engine_url(deployment_id, int(deployment["port"]))
         prometheus_url = request.telemetry.prometheus_url
         gpu_selector = self.gpu_metrics_selector(deployment_id, pod)
