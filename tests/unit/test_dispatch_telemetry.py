@@ -256,16 +256,7 @@ def test_the_window_closes_a_scrape_interval_after_the_end(
 
 def test_a_window_that_closes_before_its_end_is_refused(prom_full: FakePrometheus) -> None:
     with pytest.raises(ValueError, match="closes at"):
-        pull_window(
-            prometheus_url=prom_full.url,
-            engine="vllm",
-            selector={"deployment": "d"},
-            run_id="r",
-            start_unix_s=START,
-            end_unix_s=START + 30,
-            step_s=5.0,
-            until_unix_s=START + 25,
-        )
+        pull(prom_full.url, until_unix_s=START + 55.0)  # the window ends at 60 s
 
 
 def _gpu_answer(gpus: int) -> Answer:
