@@ -84,7 +84,7 @@ START_TIMEOUT_S = 240.0
 class VllmServer:
     """vLLM V1 on 127.0.0.1, a session of its own; stopped by its process group id. With
     `sglang`, SGLang 0.5.23's CPU engine instead (config/cpu-study.yaml's flags; `python` is then
-    the SGLang-CPU environment's)."""
+    the SGLang-CPU environment's). `extra_flags` follow vLLM's FLAGS (an arm's, e.g.)."""
 
     def __init__(
         self,
@@ -94,6 +94,7 @@ class VllmServer:
         cpus: str | None = None,
         *,
         sglang: bool = False,
+        extra_flags: tuple[str, ...] = (),
     ) -> None:
         self.folder = folder
         self.url = f"http://127.0.0.1:{port}"
@@ -105,7 +106,11 @@ class VllmServer:
             self.env = sglang_cpu.server_env(folder / sglang_cpu.CALLS_FILE)
         else:
             command = vllm_cpu.server_command(
-                str(python), model_dir=model, flags=FLAGS, host="127.0.0.1", port=port
+                str(python),
+                model_dir=model,
+                flags=[*FLAGS, *extra_flags],
+                host="127.0.0.1",
+                port=port,
             )
             self.env = vllm_cpu.server_env(vllm_cpu.write_logging_config(folder / "logging.json"))
         # `cpus`: every server process on those cores only (taskset; its children inherit it)

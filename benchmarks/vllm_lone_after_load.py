@@ -40,7 +40,6 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import vllm_bench_peer
 from vllm_bench_peer import MODEL, TOKENIZER, VLLM_PYTHON, VllmServer, _free_port
 
 from servelab.workload import warmup_prompts
@@ -90,14 +89,18 @@ def main() -> int:
     texts = iter(
         text for text, _ in warmup_prompts(4242, per_cycle * args.cycles, PROMPT_TOKENS, TOKENIZER)
     )
-    if args.arm == "matched":
-        vllm_bench_peer.FLAGS = [*vllm_bench_peer.FLAGS, MATCHED_FLAG]
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the server inherits it: /reset_prefix_cache
     phases: list[dict[str, Any]] = []
     wall0 = time.perf_counter()
     with (
         TemporaryDirectory() as scratch,
-        VllmServer(VLLM_PYTHON, Path(scratch), _free_port(), cpus=ENGINE_CORE) as vllm,
+        VllmServer(
+            VLLM_PYTHON,
+            Path(scratch),
+            _free_port(),
+            cpus=ENGINE_CORE,
+            extra_flags=(MATCHED_FLAG,) if args.arm == "matched" else (),
+        ) as vllm,
     ):
         url = vllm.url
 

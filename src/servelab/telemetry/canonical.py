@@ -121,13 +121,13 @@ def _in_window(
     at the window's end, interpolated between the samples around it."""
     if canonical.endswith("_total"):
         return times, values
-    inside = times <= duration_s + _END_SLACK_S
-    if canonical != ENERGY_COUNTER or inside.all() or not inside.any():
-        return times[inside], values[inside]
     order = np.argsort(times, kind="stable")
     times, values = times[order], values[order]
-    last = int(np.flatnonzero(times <= duration_s + _END_SLACK_S)[-1])
-    t0, v0, t1, v1 = times[last], values[last], times[last + 1], values[last + 1]
+    inside = int(np.searchsorted(times, duration_s + _END_SLACK_S, side="right"))
+    if canonical != ENERGY_COUNTER or inside in (0, times.size):
+        return times[:inside], values[:inside]
+    last = inside - 1
+    t0, v0, t1, v1 = times[last], values[last], times[inside], values[inside]
     if t0 >= duration_s or v1 < v0:  # on the end already, or a reset: no interpolation
         return times[: last + 1], values[: last + 1]
     at_end = v0 + (v1 - v0) * (duration_s - t0) / (t1 - t0)

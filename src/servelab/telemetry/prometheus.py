@@ -7,9 +7,8 @@ simulator writes, so one canonical mapping (telemetry.canonicalize) serves every
 
 **The window closes after the run.** A range query evaluates at start, start + step, ... and never
 past `end`, and each evaluation sees the last scrape before it, so a window that ended at its own
-time would lose what the engine counted in its last step and last scrape interval: at one
-1-second step, a 12-second run whose last graph arrived at 9.6 s kept 1,280 of the 3,840 prompt
-tokens its engine computed (docs/architecture.md, "The run's metric window"). The query therefore
+time would lose what the engine counted in its last step and last scrape interval (a measured
+case: docs/simulator.md, "Against the real engines", fix 7). The query therefore
 runs on to the **closing time** (`closing_unix_s`): the first step of the grid at least one scrape
 interval after the run's end, whose evaluation sees a scrape taken after the run's last token. The
 samples past `end` are there for the counters; the canonical telemetry keeps them for counters
