@@ -1,0 +1,150 @@
+"""How much does a prediction move with the platform's speed? One run of sim-vs-real predicted on
+the fitted CPU platform slowed by several factors (issue 26; docs/simulator.md, "Against the real
+engines").
+
+    .venv/bin/python benchmarks/sim_vs_real_slowdown.py --results results \\
+        --run defaults/vllm_v1/rate-3.00/rep1 [RUN ...] [--scale 0.9 1.0 1.1 1.2 1.3] \\
+        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+
+Near an engine's capacity a run's batching depends on its step time: slower steps let more
+requests queue, so each step takes more of them, and there are fewer. This predicts the run with
+`servelab.sim.cpu_fit.predict_run`, as the `predict_run` rule does (the settings the workflow
+gives it, from the same config files), on the results folder's `sim_vs_real/platform.json` with
+every coefficient multiplied by each `--scale` (`StepCost.with_slowdown`: every pass takes that
+factor longer). It prints each prediction's engine steps (`sim.iterations` of its run.json: the
+count benchmarks/sim_vs_real_passes.py sets beside the real engine's own), TTFT p50 and p95 and
+X (requests over the window from the first send to the last token), under the real run's, and the
+slowdown whose prediction has the real run's X (linear interpolation between the scales; none
+where the real X lies outside the predicted range). The predictions go to a temporary folder;
+nothing under `--results` is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from servelab.grid.config import conditions as grid_conditions
+from servelab.grid.config import deployment_for, load_config, offered_load
+from servelab.sim.cpu_fit import predict_run
+
+
+def summary(requests_path: Path) -> dict[str, float]:
+    """TTFT p50 and p95 (s) and X of a run's ok trace requests."""
+    rows = [
+        r
+        for r in pq.read_table(requests_path).to_pylist()
+        if not r["warmup"] and r["status"] == "ok"
+    ]
+    ttft = []
+    for r in rows:
+        first = next(i for i, n in enumerate(r["chunk_tokens"]) if n > 0)
+        ttft.append(r["chunk_times_s"][first] - r["sent_s"])
+    window = max(r["chunk_times_s"][-1] for r in rows) - min(r["sent_s"] for r in rows)
+    return {
+        "requests": len(rows),
+        "ttft_p50_s": round(float(np.median(ttft)), 4),
+        "ttft_p95_s": round(float(np.percentile(ttft, 95)), 4),
+        "x_rps": round(len(rows) / window, 3),
+    }
+
+
+def x_matching_slowdown(real_x: float, rows: list[dict[str, Any]]) -> float | None:
+    scales = np.array([r["scale"] for r in rows])
+    xs = np.array([r["x_rps"] for r in rows])
+    order = np.argsort(xs)
+    if not xs.min() <= real_x <= xs.max():
+        return None
+    return round(float(np.interp(real_x, xs[order], scales[order])), 3)
+
+
+def predict_scaled(
+    run: str, results: Path, config: dict[str, Any], scales: list[float]
+) -> dict[str, Any]:
+    """The real run's summary and its prediction at each slowdown."""
+    arm, engine, condition, rep = run.split("/")
+    deployment = deployment_for(config, arm, engine, condition)
+    settings = {  # workflow/rules/common.smk, prediction_settings
+        "flags": list(deployment.flags),
+        "deployment_id": deployment.id,
+        "gpu_memory_mib": int(config["gpu"]["memory_mib"]),
+        "model_preset": config["model"].get("preset"),
+        "warmup_requests": int(config["dispatch"]["warmup_requests"]),
+        "request_timeout_s": float(config["dispatch"]["request_timeout_s"]),
+        "stream_interval": int(config["dispatch"].get("stream_interval", 1)),
+        "telemetry_step_s": float(config["telemetry"]["step_s"]),
+        "success_threshold": float(config["campaign"]["success_threshold"]),
+        "offered_load_rps": offered_load(grid_conditions(config)[condition], config["workload"]),
+    }
+    platform = json.loads((results / "sim_vs_real" / "platform.json").read_text("utf-8"))
+    trace_dir = results / "traces" / condition / rep
+    real = summary(results / "runs" / run / "requests.parquet")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="servelab-slowdown-") as tmp:
+        for scale in scales:
+            scaled = json.loads(json.dumps(platform))
+            for entry in scaled["engines"].values():
+                entry["step_cost"] = {k: v * scale for k, v in entry["step_cost"].items()}
+            out = Path(tmp) / f"x{scale}"
+            out.mkdir()
+            (out / "platform.json").write_text(json.dumps(scaled), encoding="utf-8")
+            predict_run(
+                settings,
+                platform_path=out / "platform.json",
+                trace_path=trace_dir / "trace.parquet",
+                manifest_path=trace_dir / "manifest.json",
+                arm=arm,
+                engine=engine,
+                condition=condition,
+                rep=rep,
+                requests_path=out / "requests.parquet",
+                scrape_path=out / "scrape.parquet",
+                run_json_path=out / "run.json",
+            )
+            record = json.loads((out / "run.json").read_text(encoding="utf-8"))
+            rows.append({"scale": scale, "steps": record["sim"]["iterations"]})
+            rows[-1].update(summary(out / "requests.parquet"))
+    return {
+        "run": run,
+        "real": real,
+        "predicted": rows,
+        "x_matching_slowdown": x_matching_slowdown(real["x_rps"], rows),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--run", nargs="+", required=True, help="ARM/ENGINE/CONDITION/REP ...")
+    parser.add_argument("--scale", type=float, nargs="+", default=[0.9, 1.0, 1.1, 1.2, 1.3])
+    parser.add_argument("--config", default="config/config.yaml")
+    parser.add_argument(
+        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    config = load_config(args.config, args.configfile)
+    runs = []
+    for run in args.run:
+        result = predict_scaled(run, args.results, config, args.scale)
+        runs.append(result)
+        print(f"{run}\n  real     {result['real']}")
+        for row in result["predicted"]:
+            print(f"  x{row['scale']:<6} {row}")
+        print(f"  the slowdown with the real X: {result['x_matching_slowdown']}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"runs": runs}, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
