@@ -17,11 +17,13 @@ from servelab.artifacts import REQUESTS_SCHEMA, read_parquet, write_json
 from servelab.dispatch import dispatch_run_files
 from servelab.grid.config import (
     Condition,
+    ConfigError,
     FloorShape,
     floor_blocks,
     floor_run_config,
     floor_settings,
     load_config,
+    prepare_config,
 )
 from servelab.grid.identity import run_identity
 from servelab.sim.run import simulate_run_files
@@ -368,6 +370,33 @@ def test_a_floor_runs_with_its_own_warm_up_count_which_is_part_of_its_identity()
     run = {"arm": "defaults", "engine": "vllm", "condition": "floor-s0.00-L128"}
     assert run_identity(floor_run_config(floored), run) != run_identity(config, run)
     assert run_identity(floor_run_config(floored), run)["dispatch"]["warmup_requests"] == 8
+
+
+def test_a_floor_runs_with_its_own_warm_up_length_which_is_part_of_its_identity() -> None:
+    """Config `floor.warmup_prompt_tokens` is the warm-up prompt length of floor runs only (their
+    batch of long contexts). Left unset it is no part of any identity, so the measurement keys made
+    before the setting existed still hold; set, it makes another measurement."""
+    config = load_config(REPO / "config" / "config.yaml")
+    run = {"arm": "defaults", "engine": "vllm", "condition": "floor-s0.00-L128"}
+    assert "warmup_prompt_tokens" not in run_identity(config, run)["dispatch"]
+    assert "warmup_prompt_tokens" not in floor_run_config(config)["dispatch"]
+    floored = {**config, "floor": {"warmup_prompt_tokens": 1024}}
+    dispatch = floor_run_config(floored)["dispatch"]
+    assert dispatch == {**config["dispatch"], "warmup_prompt_tokens": 1024}
+    assert "warmup_prompt_tokens" not in floored["dispatch"]  # the campaign's own runs: unchanged
+    assert run_identity(floor_run_config(floored), run)["dispatch"]["warmup_prompt_tokens"] == 1024
+    assert run_identity(floor_run_config(floored), run) != run_identity(config, run)
+    both = {**config, "floor": {"warmup_requests": 16, "warmup_prompt_tokens": 1024}}
+    dispatch = floor_run_config(both)["dispatch"]
+    assert (dispatch["warmup_requests"], dispatch["warmup_prompt_tokens"]) == (16, 1024)
+
+
+def test_a_warm_up_length_out_of_range_is_refused_with_its_key_named() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    for section in ("floor", "dispatch"):
+        bad = {**config, section: {**(config.get(section) or {}), "warmup_prompt_tokens": 0}}
+        with pytest.raises(ConfigError, match=rf"{section}\.warmup_prompt_tokens"):
+            prepare_config(bad)
 
 
 def test_floor_ids_round_trip_and_a_bad_one_is_named() -> None:

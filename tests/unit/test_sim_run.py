@@ -250,6 +250,28 @@ def test_engine_failure_fails_the_run(
     assert all(r["status"] == "error" for r in rows(tmp_path) if not r["warmup"])
 
 
+def test_warm_ups_take_the_configured_prompt_length(
+    tmp_path: Path, small_trace: Path, study_config: dict
+) -> None:
+    """`warmup_prompt_tokens` sets every warm-up prompt's length (the floor's batch of long
+    contexts); unset, the protocol's 128 tokens, and the same warm-ups as before it existed."""
+    default, longer = tmp_path / "default", tmp_path / "longer"
+    record = run(study_config, small_trace, default)
+    longer_record = run(study_config, small_trace, longer, warmup_prompt_tokens=700)
+    warm = [r for r in rows(default) if r["warmup"]]
+    warm_long = [r for r in rows(longer) if r["warmup"]]
+    assert len(warm) == len(warm_long) == 20
+    # as the engine counts them: the prompt and the BOS the model adds (llama-3.1-8b has one)
+    assert {r["prompt_tokens"] for r in warm} == {128 + 1}
+    assert {r["prompt_tokens"] for r in warm_long} == {700 + 1}
+    assert record["sim"]["warmup_prompt_tokens"] == 128
+    assert longer_record["sim"]["warmup_prompt_tokens"] == 700
+    # longer warm-ups take longer: the trace starts later
+    assert longer_record["trace_start_s"] > record["trace_start_s"]
+    with pytest.raises(ValueError, match="warmup_prompt_tokens"):
+        run(study_config, small_trace, tmp_path / "bad", warmup_prompt_tokens=0)
+
+
 def test_bad_inputs_are_refused_with_the_key_named(
     tmp_path: Path, small_trace: Path, study_config: dict
 ) -> None:

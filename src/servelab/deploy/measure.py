@@ -74,6 +74,7 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         deployment_id=str(request.deployment["deployment_id"]),
         resolved_config=request.resolved_config,
         warmup_requests=dispatch.warmup_requests,
+        warmup_prompt_tokens=dispatch.warmup_prompt_tokens,
         request_timeout_s=dispatch.request_timeout_s,
         health_timeout_s=dispatch.health_timeout_s,
         success_threshold=request.success_threshold,
@@ -121,7 +122,11 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         engine=request.engine,
         trace_path=request.trace_path,
         warmup_requests=dispatch.warmup_requests,
-        warmup_prompt_tokens=WARMUP_PROMPT_TOKENS,
+        warmup_prompt_tokens=(
+            WARMUP_PROMPT_TOKENS
+            if dispatch.warmup_prompt_tokens is None
+            else dispatch.warmup_prompt_tokens
+        ),
     )
     warm = refusal(record["prompt_cache"])
     if warm:

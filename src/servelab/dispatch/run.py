@@ -56,8 +56,8 @@ def warmup_specs(
     *, seed: int, n: int, tokenizer: str, prompt_tokens: int = WARMUP_PROMPT_TOKENS
 ) -> list[RequestSpec]:
     """The warm-up requests (the simulator's protocol): ids warmup-00.., role `warmup`, graph -1,
-    128-token prompts from servelab.workload.warmup_prompts (sharing no prefix with the trace),
-    16 output tokens each."""
+    `prompt_tokens`-token prompts (128 by default) from servelab.workload.warmup_prompts (sharing
+    no prefix with the trace), 16 output tokens each."""
     if n <= 0:
         return []
     prompts = warmup_prompts(seed, n, prompt_tokens, tokenizer)
@@ -111,6 +111,7 @@ def dispatch_run(
     warmup_requests: int,
     request_timeout_s: float,
     success_threshold: float,
+    warmup_prompt_tokens: int | None = None,
     offered_load_rps: float,
     attempt: int,
     node_identity_fn: Callable[[], Mapping[str, Any]],
@@ -141,7 +142,14 @@ def dispatch_run(
     manifest = loaded.manifest
     run_id = f"{arm}/{engine}/{condition}/{rep}"
     tokenizer = str(manifest["tokenizer"])
-    warmup = warmup_specs(seed=loaded.seed, n=int(warmup_requests), tokenizer=tokenizer)
+    warmup = warmup_specs(
+        seed=loaded.seed,
+        n=int(warmup_requests),
+        tokenizer=tokenizer,
+        prompt_tokens=WARMUP_PROMPT_TOKENS
+        if warmup_prompt_tokens is None
+        else warmup_prompt_tokens,
+    )
     pool = pool_size(
         n_requests=len(loaded.requests),
         offered_load_rps=offered_load_rps,

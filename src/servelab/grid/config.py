@@ -830,13 +830,19 @@ def floor_settings(config: Mapping[str, Any]) -> dict[str, int]:
 
 def floor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The config a floor run is measured by: the campaign's, with config `floor.warmup_requests`
-    (when given) as its dispatch's warm-up count. The warm-ups, sent together, are the floor's
-    only concurrent batch: the one place a CPU platform's per-sequence cost shows (docs/simulator.md,
-    "Against the real engines")."""
-    warmups = (config.get("floor") or {}).get("warmup_requests")
-    if warmups is None:
+    and `floor.warmup_prompt_tokens` (each when given) as its dispatch's warm-up count and
+    warm-up prompt length. The warm-ups, sent together, are the floor's only concurrent batch:
+    the one place a CPU platform's per-sequence cost and, with long prompts, its cost of reading
+    many distinct contexts show (docs/simulator.md, "Against the real engines")."""
+    floor = config.get("floor") or {}
+    given = {
+        key: int(floor[key])
+        for key in ("warmup_requests", "warmup_prompt_tokens")
+        if floor.get(key) is not None
+    }
+    if not given:
         return dict(config)
-    return {**config, "dispatch": {**config["dispatch"], "warmup_requests": int(warmups)}}
+    return {**config, "dispatch": {**config["dispatch"], **given}}
 
 
 def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:

@@ -59,6 +59,7 @@ Kind = Literal["identity", "operational"]
 CLASSIFICATION: dict[str, dict[str, Kind]] = {
     "dispatch": {
         "warmup_requests": IDENTITY,
+        "warmup_prompt_tokens": IDENTITY,
         "request_timeout_s": IDENTITY,
         "ignore_eos": IDENTITY,
         "stream_interval": IDENTITY,
@@ -175,10 +176,15 @@ def identity_keys(section: str) -> tuple[str, ...]:
 
 def _section(config: Mapping[str, Any], section: str, kind: Kind) -> dict[str, Any]:
     """The keys of `kind` of one section, defaults filled in (so spelling a default out in the
-    config changes nothing)."""
+    config changes nothing). A key whose value is None (an optional setting left unset) is left
+    out, so adding an optional key keeps every measurement key made before it."""
     typed = _SECTIONS[section].from_section(config.get(section))  # type: ignore[attr-defined]
     values = typed.as_dict()
-    return {k: values[k] for k, c in CLASSIFICATION[section].items() if c == kind}
+    return {
+        k: values[k]
+        for k, c in CLASSIFICATION[section].items()
+        if c == kind and values[k] is not None
+    }
 
 
 def deployment_identity(config: Mapping[str, Any], deployment: Mapping[str, Any]) -> dict[str, Any]:

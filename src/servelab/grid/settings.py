@@ -125,6 +125,8 @@ class DispatchSettings(_ConfigSection):
     warmup_requests: int
     request_timeout_s: float
     ignore_eos: bool = True
+    # Tokens of each warm-up prompt; None: the protocol's 128 (dispatch.run.WARMUP_PROMPT_TOKENS).
+    warmup_prompt_tokens: int | None = None
     stream_interval: int = 1
     # Longest wait for the engine's /health before the first request (a model load is minutes).
     health_timeout_s: float = 900.0

@@ -186,8 +186,14 @@ def gate_startup_log(sim: SimEngine, flags: Sequence[str], timestamp: datetime) 
     )
 
 
-def make_warmups(seed: int, n: int, avoid_first: set[int], vocab_size: int) -> list[WarmupRequest]:
-    """`n` warm-up prompts of WARMUP_PROMPT_TOKENS tokens, deterministic in `seed`, sharing no prefix
+def make_warmups(
+    seed: int,
+    n: int,
+    avoid_first: set[int],
+    vocab_size: int,
+    prompt_tokens: int = WARMUP_PROMPT_TOKENS,
+) -> list[WarmupRequest]:
+    """`n` warm-up prompts of `prompt_tokens` tokens, deterministic in `seed`, sharing no prefix
     with the trace: their first tokens are pairwise distinct and never a trace prompt's first token.
 
     The simulator compares token ids only for equality, so these ids behave exactly like the live
@@ -198,7 +204,7 @@ def make_warmups(seed: int, n: int, avoid_first: set[int], vocab_size: int) -> l
     out: list[WarmupRequest] = []
     used = set(avoid_first)
     for k in range(n):
-        ids = rng.integers(1000, max(vocab_size - 1000, 2000), size=WARMUP_PROMPT_TOKENS)
+        ids = rng.integers(1000, max(vocab_size - 1000, 2000), size=prompt_tokens)
         while int(ids[0]) in used:
             ids[0] = rng.integers(1000, max(vocab_size - 1000, 2000))
         used.add(int(ids[0]))
@@ -326,9 +332,11 @@ def simulate_run_files(
     platform: PlatformModel | None = None,
     step_costs: Mapping[str, Any] | None = None,
     node: str | None = None,
+    warmup_prompt_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record.
-    `node` names the virtual GPU node (`node_identity`; None: the one node).
+    `node` names the virtual GPU node (`node_identity`; None: the one node);
+    `warmup_prompt_tokens` each warm-up prompt's length (None: WARMUP_PROMPT_TOKENS).
 
     `platform` slows or speeds every iteration by the deployment's drift and the run's noise
     (servelab.sim.platform), recorded in run.json's `sim.platform`; None runs the model alone
@@ -343,6 +351,9 @@ def simulate_run_files(
         raise ValueError(f"request_timeout_s: must be positive, got {request_timeout_s}")
     if warmup_requests < 0:
         raise ValueError(f"warmup_requests: must be >= 0, got {warmup_requests}")
+    warmup_tokens = WARMUP_PROMPT_TOKENS if warmup_prompt_tokens is None else warmup_prompt_tokens
+    if warmup_tokens < 1:
+        raise ValueError(f"warmup_prompt_tokens: must be >= 1, got {warmup_prompt_tokens}")
     stop_at, crash_at, fail = _check_faults(list(faults))
     trace = load_trace(trace_path, manifest_path)
     for key, want in (("condition", condition), ("rep", rep)):
@@ -364,7 +375,9 @@ def simulate_run_files(
     )
     prompts = {rid: p.token_ids for rid, p in trace.prompts.items()}
     first_tokens = {int(ids[0]) for ids in prompts.values() if ids.shape[0]}
-    warm = make_warmups(trace.seed, warmup_requests, first_tokens, sim.model_preset.vocab_size)
+    warm = make_warmups(
+        trace.seed, warmup_requests, first_tokens, sim.model_preset.vocab_size, warmup_tokens
+    )
     outcome = run_trace(
         sim.model,
         trace.requests,
@@ -405,7 +418,7 @@ def simulate_run_files(
             "preemptions": int(getattr(sim.model, "num_preemptions", 0)),
             "retractions": int(getattr(sim.model, "num_retractions", 0)),
             "final_metrics": {k: stats[k] for k in sorted(stats)},
-            "warmup_prompt_tokens": WARMUP_PROMPT_TOKENS,
+            "warmup_prompt_tokens": warmup_tokens,
             "warmup_max_tokens": WARMUP_MAX_TOKENS,
         },
         "telemetry_step_s": float(telemetry_step_s),
@@ -468,6 +481,7 @@ def simulate_config_run(
         model_preset=config["model"]["preset"],
         deployment_id=deployment.id,
         warmup_requests=int(config["dispatch"]["warmup_requests"]),
+        warmup_prompt_tokens=config["dispatch"].get("warmup_prompt_tokens"),
         request_timeout_s=float(config["dispatch"]["request_timeout_s"]),
         stream_interval=int(config["dispatch"]["stream_interval"]),
         telemetry_step_s=float(config["telemetry"]["step_s"]),
