@@ -189,6 +189,20 @@ def test_the_fit_recovers_a_known_step_model_from_the_floor_alone(
     assert 1 <= report["refits"] <= cpu_fit.MAX_REFITS
 
 
+def test_the_warm_ups_enter_the_fit_by_their_gaps_and_not_their_first_tokens(
+    floor: tuple[Path, list[FloorRun]],
+) -> None:
+    """The warm-ups are sent together to price decode passes of several sequences; their time
+    to first token is a batch's queueing and prefill, a loaded-run quantity, so it is no
+    fitting row (docs/simulator.md, "A fourth measurement")."""
+    _root, runs = floor
+    for run in runs:
+        rows = cpu_fit.floor_rows(run, gpu_memory_mib=24000, model_preset=TINY)
+        warm = [r for r in rows if r.request_id.startswith("warmup-")]
+        assert warm and {r.kind for r in warm} == {"itl"}, run.run_dir
+        assert any(r.kind == "ttft" for r in rows if not r.request_id.startswith("warmup-"))
+
+
 def test_single_requests_alone_cannot_separate_the_step_from_the_sampled_sequence(
     floor: tuple[Path, list[FloorRun]], tmp_path: Path
 ) -> None:

@@ -9,7 +9,10 @@ passes up to its first token (several when the arm chunks prefill, or llama.cpp 
 micro-batches) sum to its TTFT, each later pass is one inter-token gap. Both arms of an engine are
 pooled: a chunked arm's TTFT holds more passes than an unchunked arm's for the same tokens, which is
 what separates `step_s` from the per-request terms (with one request at a time a pass and its one
-sampled sequence always come together). Non-negative least squares (scipy.optimize.nnls) on
+sampled sequence always come together). Each floor run's warm-ups, sent together, are replayed
+together too; they price decode passes of several (with config `floor.warmup_prompt_tokens`, long
+and distinct) contexts, so their gaps enter the fit and their times to first token, a batch's
+queueing and prefill, do not. Non-negative least squares (scipy.optimize.nnls) on
 relative error gives the coefficients; the fit report keeps the residuals.
 
 `predict_run` then runs one loaded run of the grid on the fitted platform (the sim_vs_real rules).
@@ -184,7 +187,8 @@ def floor_rows(
             if observed is None or not tokens:
                 continue
             ttft, gaps = observed
-            rows.append(FitRow(label, req["request_id"], "ttft", ttft, tokens[0]))
+            if not req["warmup"]:
+                rows.append(FitRow(label, req["request_id"], "ttft", ttft, tokens[0]))
             for gap, features in zip(gaps, tokens[1:], strict=False):
                 rows.append(FitRow(label, req["request_id"], "itl", gap, features))
     return rows
