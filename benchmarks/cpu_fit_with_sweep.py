@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/cpu_fit_with_sweep.py --results results \\
         --sweep llamacpp=docs/benchmarks/data/parallel_sampling-llamacpp-128-2026-12-04.json \\
-        [--sweep ENGINE=FILE ...] [--weight 1] [--out platform.json]
+        [--sweep ENGINE=FILE ...] [--out platform.json]
 
 The floor's single requests decode one sequence a pass, so the fit prices a further sequence in a
 pass only through the warm-ups' pair and prefill chunks (`servelab.sim.cpu_fit`).
@@ -14,7 +14,7 @@ each `--sweep` file of that engine: the row's median pass time against the featu
 pass of k sequences at the sweep's mean context. The features come from the engine's own
 simulated scheduler: k requests of the sweep's prompt length are replayed together through it
 with a recorder in place of the cost model, and the passes in which all k decode give them. Each
-sweep equation is weighted like a floor equation (1 / observed), times `--weight`.
+sweep equation is weighted like a floor equation (1 / observed).
 
 It prints the coefficients and the fit's errors beside the floor-only fit, and writes the
 platform file (`results/sim_vs_real/platform.json`'s form) to `--out`: put in a scratch clone's
@@ -37,16 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import GPU_MEMORY_MIB, MODEL_PRESET, floor_runs
 
-from servelab.sim.cpu_fit import MAX_REFITS, SETTLED_REL, FloorRun, floor_noise, floor_rows
+from servelab.sim.cpu_fit import Equation, FloorRun, fit_step_cost, floor_noise
 from servelab.sim.cpu_platform import COEFFICIENTS, FEATURES, FeatureRecorder, StepCost
 from servelab.sim.run import build_engine
-
-Equation = tuple[np.ndarray, float, str]
 
 
 def decode_features(run: FloorRun, k: int, prompt_tokens: int, output_tokens: int) -> np.ndarray:
@@ -92,53 +89,9 @@ def sweep_equations(engine: str, path: Path, run: FloorRun) -> tuple[list[Equati
     return equations, greedy
 
 
-def floor_equations(runs: list[FloorRun], timing: StepCost | None) -> list[Equation]:
-    """cpu_fit._fit_once's equations: each TTFT row, and each request's median ITL."""
-    equations: list[Equation] = []
-    itl: dict[tuple[str, str], list[Any]] = {}
-    for run in runs:
-        rows = floor_rows(
-            run, gpu_memory_mib=GPU_MEMORY_MIB, model_preset=MODEL_PRESET, timing=timing
-        )
-        for row in rows:
-            if row.kind == "ttft":
-                equations.append((row.features, row.observed_s, "ttft"))
-            else:
-                itl.setdefault((row.run, row.request_id), []).append(row)
-    for group in itl.values():
-        features = np.median(np.stack([g.features for g in group]), axis=0)
-        equations.append((features, float(np.median([g.observed_s for g in group])), "itl"))
-    return equations
-
-
-def solve(engine: str, equations: list[Equation], weight: float) -> tuple[StepCost, dict[str, Any]]:
-    x = np.stack([e[0] for e in equations])
-    y = np.array([e[1] for e in equations])
-    w = (
-        1.0
-        / np.maximum(y, 1e-6)
-        * np.array([weight if e[2] == "sweep" else 1.0 for e in equations])
-    )
-    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
-    solution, _ = nnls((x / scale) * w[:, None], y * w, maxiter=10_000)
-    coefficients = solution / scale
-    cost = StepCost(engine, **dict(zip(COEFFICIENTS, map(float, coefficients), strict=True)))
-    relative = x @ coefficients / y - 1.0
-    report: dict[str, Any] = {"engine": engine, "coefficients": cost.coefficients()}
-    for kind in ("ttft", "itl", "sweep"):
-        mask = np.array([e[2] == kind for e in equations])
-        if mask.any():
-            report[kind] = {
-                "equations": int(mask.sum()),
-                "median_abs_rel_error": round(float(np.median(np.abs(relative[mask]))), 4),
-            }
-    return cost, report
-
-
-def fit(
-    engine: str, runs: list[FloorRun], sweeps: list[Path], weight: float
-) -> tuple[StepCost, dict[str, Any]]:
-    """Floor and sweep equations, refitted on the previous fit's timing as cpu_fit does."""
+def fit(engine: str, runs: list[FloorRun], sweeps: list[Path]) -> tuple[StepCost, dict[str, Any]]:
+    """The `cpu_platform` rule's fit (servelab.sim.cpu_fit.fit_step_cost, its refits included)
+    with each sweep's equations added."""
     reference = next(r for r in runs if r.arm == "defaults")
     extra: list[Equation] = []
     sampled = []
@@ -147,21 +100,11 @@ def fit(
         extra += equations
         if not greedy:
             sampled.append(path.name)
-    cost, report = solve(engine, floor_equations(runs, None) + extra, weight)
-    for refit in range(1, MAX_REFITS + 1):
-        again, report = solve(engine, floor_equations(runs, cost) + extra, weight)
-        moved = max(
-            abs(a - b) / max(abs(b), 1e-12)
-            for a, b in zip(
-                again.coefficients().values(), cost.coefficients().values(), strict=True
-            )
-        )
-        cost, report["refits"] = again, refit
-        if moved <= SETTLED_REL:
-            break
+    cost, report = fit_step_cost(
+        engine, runs, gpu_memory_mib=GPU_MEMORY_MIB, model_preset=MODEL_PRESET, extra=extra
+    )
     report["sweeps"] = [str(p) for p in sweeps]
     report["sampled_sweeps"] = sampled
-    report["sweep_weight"] = weight
     return cost, report
 
 
@@ -171,7 +114,6 @@ def main() -> int:
     )
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--sweep", action="append", default=[], help="ENGINE=FILE (repeatable)")
-    parser.add_argument("--weight", type=float, default=1.0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     sweeps: dict[str, list[Path]] = {}
@@ -188,7 +130,7 @@ def main() -> int:
         for label, given in (("floor only", []), ("with sweep", sweeps.get(engine, []))):
             if label == "with sweep" and not given:
                 continue
-            cost, report = fit(engine, mine, given, args.weight)
+            cost, report = fit(engine, mine, given)
             errors = {
                 k: report[k]["median_abs_rel_error"]
                 for k in ("ttft", "itl", "sweep")

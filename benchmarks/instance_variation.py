@@ -18,76 +18,30 @@ between the instances' medians, as the sd of their natural logarithm (the floor 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_pair_engines import LLAMA_FLAGS
-from llamacpp_engine import TOKENIZER, LlamaServer, machine
-from vllm_bench_peer import MODEL, VLLM_PYTHON, VllmServer, _free_port, warm_up
+from llamacpp_engine import TOKENIZER, machine
+from parallel_sampling import CLIENT_CORE, OUTPUT_TOKENS, served, streamed_sequences
+from vllm_bench_peer import VLLM_PYTHON
 
-from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_model
 from servelab.workload import warmup_prompts
 
-OUTPUT_TOKENS = 33
-REQUEST_TIMEOUT_S = 120.0
 PHASE_PAUSE_S = 2.0
-ENGINE_CORE, CLIENT_CORE = "1", 0
-
-
-@contextlib.contextmanager
-def served(engine: str, folder: Path, extra_flags: tuple[str, ...]) -> Iterator[str]:
-    """A fresh instance of the engine on core ENGINE_CORE, warmed up: its URL."""
-    if engine == "vllm":
-        with VllmServer(
-            VLLM_PYTHON, folder, _free_port(), cpus=ENGINE_CORE, extra_flags=extra_flags
-        ) as vllm:
-            warm_up(vllm.url)
-            yield vllm.url
-        return
-    llama = LlamaServer(
-        (*LLAMA_FLAGS, *extra_flags),
-        folder / "llama-server.log",
-        ensure_tiny_model(spec=SHARED_SPEC),
-    )
-    llama.command = ["taskset", "-c", ENGINE_CORE, *llama.command]
-    with llama:
-        warm_up(llama.url)
-        yield llama.url
 
 
 def lone_request(url: str, text: str) -> tuple[float, list[float]]:
     """(TTFT, decode gaps) of one greedy streamed request, from this client's clock."""
-    body = {
-        "model": MODEL,
-        "prompt": text,
-        "max_tokens": OUTPUT_TOKENS,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-    }
     sent = time.perf_counter()
-    times: list[float] = []
-    with httpx.stream(
-        "POST", url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S
-    ) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            now = time.perf_counter()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            if any(c.get("text") for c in json.loads(line[6:]).get("choices", [])):
-                times.append(now)
+    (times,) = streamed_sequences(url, text, 1, greedy=True, seeded=False)
     if not times:
         raise RuntimeError(f"{url}: a request streamed no token")
     return times[0] - sent, np.diff(times[1:]).tolist()

@@ -8,8 +8,8 @@ engines").
 
 Near an engine's capacity a run's batching depends on its step time: slower steps let more
 requests queue, so each step takes more of them, and there are fewer. This predicts the run with
-`servelab.sim.cpu_fit.predict_run`, as the `predict_run` rule does (the settings the workflow
-gives it, from the same config files), on the results folder's `sim_vs_real/platform.json` with
+`servelab.sim.cpu_fit.predict_run` on `prediction_settings`, as the `predict_run` rule does
+(from the same config files), on the results folder's `sim_vs_real/platform.json` with
 every coefficient multiplied by each `--scale` (`StepCost.with_slowdown`: every pass takes that
 factor longer). It prints each prediction's engine steps (`sim.iterations` of its run.json: the
 count benchmarks/sim_vs_real_passes.py sets beside the real engine's own), TTFT p50 and p95 and
@@ -31,9 +31,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from servelab.grid.config import conditions as grid_conditions
-from servelab.grid.config import deployment_for, load_config, offered_load
-from servelab.sim.cpu_fit import predict_run
+from servelab.grid.config import load_config
+from servelab.sim.cpu_fit import predict_run, prediction_settings
 
 
 def summary(requests_path: Path) -> dict[str, float]:
@@ -70,19 +69,7 @@ def predict_scaled(
 ) -> dict[str, Any]:
     """The real run's summary and its prediction at each slowdown."""
     arm, engine, condition, rep = run.split("/")
-    deployment = deployment_for(config, arm, engine, condition)
-    settings = {  # workflow/rules/common.smk, prediction_settings
-        "flags": list(deployment.flags),
-        "deployment_id": deployment.id,
-        "gpu_memory_mib": int(config["gpu"]["memory_mib"]),
-        "model_preset": config["model"].get("preset"),
-        "warmup_requests": int(config["dispatch"]["warmup_requests"]),
-        "request_timeout_s": float(config["dispatch"]["request_timeout_s"]),
-        "stream_interval": int(config["dispatch"].get("stream_interval", 1)),
-        "telemetry_step_s": float(config["telemetry"]["step_s"]),
-        "success_threshold": float(config["campaign"]["success_threshold"]),
-        "offered_load_rps": offered_load(grid_conditions(config)[condition], config["workload"]),
-    }
+    settings = prediction_settings(config, arm=arm, engine=engine, condition=condition)
     platform = json.loads((results / "sim_vs_real" / "platform.json").read_text("utf-8"))
     trace_dir = results / "traces" / condition / rep
     real = summary(results / "runs" / run / "requests.parquet")

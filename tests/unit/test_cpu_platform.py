@@ -203,6 +203,27 @@ def test_the_warm_ups_enter_the_fit_by_their_gaps_and_not_their_first_tokens(
         assert any(r.kind == "ttft" for r in rows if not r.request_id.startswith("warmup-"))
 
 
+def test_equations_measured_beside_the_floor_enter_the_same_fit(
+    floor: tuple[Path, list[FloorRun]],
+) -> None:
+    """`extra` (benchmarks/cpu_fit_with_sweep.py's sweeps) joins the floor's equations: ones the
+    true model satisfies keep the fit on it, and a contradicting one moves it."""
+    _root, runs = floor
+    decode = [np.array([1.0, k, k, 0.0, k * 1100.0, 0.0]) for k in (2, 4, 8)]
+    true_time = [TRUE.decode_time(k, 1100, cuda_graph=False) for k in (2, 4, 8)]
+    agreeing = [(f, t, "sweep") for f, t in zip(decode, true_time, strict=True)]
+    cost, report = fit_step_cost(
+        "vllm_v1", runs, gpu_memory_mib=24000, model_preset=TINY, extra=agreeing
+    )
+    assert report["sweep"]["equations"] == 3
+    assert cost.per_sampled_s == pytest.approx(TRUE.per_sampled_s, rel=0.02)
+    doubled = [(f, 2 * t, "sweep") for f, t in zip(decode, true_time, strict=True)]
+    moved, _ = fit_step_cost(
+        "vllm_v1", runs, gpu_memory_mib=24000, model_preset=TINY, extra=doubled * 50
+    )
+    assert moved.coefficients() != pytest.approx(cost.coefficients(), rel=0.05)
+
+
 def test_single_requests_alone_cannot_separate_the_step_from_the_sampled_sequence(
     floor: tuple[Path, list[FloorRun]], tmp_path: Path
 ) -> None:

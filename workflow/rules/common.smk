@@ -632,19 +632,14 @@ def prediction_settings(wildcards):
             f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition}/{wildcards.rep} "
             "is not a run of the configured grid"
         )
-    deployment = deployment_of(wildcards)
-    return {
-        "flags": list(deployment.flags),
-        "deployment_id": deployment.id,
-        "gpu_memory_mib": int(config["gpu"]["memory_mib"]),
-        "model_preset": config["model"].get("preset"),
-        "warmup_requests": int(config["dispatch"]["warmup_requests"]),
-        "request_timeout_s": float(config["dispatch"]["request_timeout_s"]),
-        "stream_interval": int(config["dispatch"].get("stream_interval", 1)),
-        "telemetry_step_s": float(config["telemetry"]["step_s"]),
-        "success_threshold": float(config["campaign"]["success_threshold"]),
-        "offered_load_rps": grid.offered_load(CONDITIONS[wildcards.condition], config["workload"]),
-    }
+    from servelab.sim.cpu_fit import prediction_settings as settings  # scipy: load when used
+
+    return settings(
+        config,
+        arm=wildcards.arm,
+        engine=wildcards.engine,
+        condition=wildcards.condition,
+    )
 
 
 def sim_vs_real_pairs(wildcards, input):

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from scipy.optimize import nnls
 
 from servelab.artifacts import write_json
+from servelab.grid.config import conditions, deployment_for, offered_load
 from servelab.grid.settings import PlatformSettings
 from servelab.sim.cpu_platform import COEFFICIENTS, FEATURES, FeatureRecorder, StepCost
 from servelab.sim.platform import PlatformModel
@@ -38,6 +39,7 @@ from servelab.sim.run import build_engine, simulate_run_files
 from servelab.workload.loader import load_trace
 
 __all__ = [
+    "Equation",
     "FitRow",
     "FloorRun",
     "fit_step_cost",
@@ -45,6 +47,7 @@ __all__ = [
     "floor_rows",
     "observed_times",
     "predict_run",
+    "prediction_settings",
     "read_step_costs",
     "write_cpu_platform",
 ]
@@ -199,10 +202,21 @@ MAX_REFITS = 4
 SETTLED_REL = 1e-3
 
 
+# One equation of the fit: the features of the passes an observed time spans, the time, its kind.
+Equation = tuple[np.ndarray, float, str]
+
+
 def fit_step_cost(
-    engine: str, runs: Sequence[FloorRun], *, gpu_memory_mib: int, model_preset: str
+    engine: str,
+    runs: Sequence[FloorRun],
+    *,
+    gpu_memory_mib: int,
+    model_preset: str,
+    extra: Sequence[Equation] = (),
 ) -> tuple[StepCost, dict[str, Any]]:
     """The engine's StepCost from its floor runs (both arms pooled), and the fit's report.
+    `extra`: equations measured beside the floor (benchmarks/cpu_fit_with_sweep.py), weighted
+    as the floor's.
 
     Each TTFT row and the median of each (run, request) ITL group enter once, weighted by
     1 / observed (least squares on relative error: a 4 ms gap and a 60 ms TTFT count alike).
@@ -214,10 +228,10 @@ def fit_step_cost(
     mine = [r for r in runs if r.engine == engine]
     if not mine:
         raise ValueError(f"fit of {engine}: no floor run of that engine")
-    cost, report = _fit_once(engine, mine, gpu_memory_mib, model_preset, None)
+    cost, report = _fit_once(engine, mine, gpu_memory_mib, model_preset, None, extra)
     report["refits"] = 0
     for refit in range(1, MAX_REFITS + 1):
-        again, again_report = _fit_once(engine, mine, gpu_memory_mib, model_preset, cost)
+        again, again_report = _fit_once(engine, mine, gpu_memory_mib, model_preset, cost, extra)
         moved = max(
             abs(a - b) / max(abs(b), 1e-12)
             for a, b in zip(
@@ -237,6 +251,7 @@ def _fit_once(
     gpu_memory_mib: int,
     model_preset: str,
     timing: StepCost | None,
+    extra: Sequence[Equation] = (),
 ) -> tuple[StepCost, dict[str, Any]]:
     rows = [
         row
@@ -245,7 +260,7 @@ def _fit_once(
             run, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset, timing=timing
         )
     ]
-    equations: list[tuple[np.ndarray, float, str]] = []
+    equations: list[Equation] = []
     itl_groups: dict[tuple[str, str], list[FitRow]] = {}
     for row in rows:
         if row.kind == "ttft":
@@ -256,6 +271,7 @@ def _fit_once(
         observed = float(np.median([g.observed_s for g in group]))
         features = np.median(np.stack([g.features for g in group]), axis=0)
         equations.append((features, observed, "itl"))
+    equations.extend(extra)
     if len(equations) < len(FEATURES):
         raise ValueError(
             f"fit of {engine}: {len(equations)} equations for {len(FEATURES)} coefficients"
@@ -273,7 +289,7 @@ def _fit_once(
     predicted = x @ coefficients
     relative = predicted / y - 1.0
     report: dict[str, Any] = {"engine": engine, "coefficients": cost.coefficients()}
-    for kind in ("ttft", "itl"):
+    for kind in dict.fromkeys(e[2] for e in equations):  # ttft, itl, then extra's kinds
         mask = np.array([e[2] == kind for e in equations])
         if mask.any():
             report[kind] = {
@@ -377,6 +393,26 @@ def read_step_costs(platform_path: str | Path) -> dict[str, StepCost]:
             engine, entry["step_cost"], f"{platform_path}: engines.{engine}.step_cost"
         )
         for engine, entry in data["engines"].items()
+    }
+
+
+def prediction_settings(
+    config: Mapping[str, Any], *, arm: str, engine: str, condition: str
+) -> dict[str, Any]:
+    """What a predicted run of the grid is made of, `predict_run`'s `settings`: the deployment's
+    flags and the run protocol, from the workflow's configuration."""
+    deployment = deployment_for(config, arm, engine, condition)
+    return {
+        "flags": list(deployment.flags),
+        "deployment_id": deployment.id,
+        "gpu_memory_mib": int(config["gpu"]["memory_mib"]),
+        "model_preset": config["model"].get("preset"),
+        "warmup_requests": int(config["dispatch"]["warmup_requests"]),
+        "request_timeout_s": float(config["dispatch"]["request_timeout_s"]),
+        "stream_interval": int(config["dispatch"].get("stream_interval", 1)),
+        "telemetry_step_s": float(config["telemetry"]["step_s"]),
+        "success_threshold": float(config["campaign"]["success_threshold"]),
+        "offered_load_rps": offered_load(conditions(config)[condition], config["workload"]),
     }
 
 
