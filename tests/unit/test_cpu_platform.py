@@ -203,6 +203,31 @@ def test_the_warm_ups_enter_the_fit_by_their_gaps_and_not_their_first_tokens(
         assert any(r.kind == "ttft" for r in rows if not r.request_id.startswith("warmup-"))
 
 
+def test_the_fit_rules_compared_by_the_benchmark_are_the_rows_they_name(
+    floor: tuple[Path, list[FloorRun]],
+) -> None:
+    """benchmarks/sim_vs_real_fit_rules.py's variants: the rule before 2026-12-04 adds the
+    warm-ups' times to first token to the workflow's rows, and `none` drops the warm-ups, as a
+    floor that sent none."""
+    _root, runs = floor
+    run = runs[0]
+    rows = {
+        rule: cpu_fit.floor_rows(run, gpu_memory_mib=24000, model_preset=TINY, warmup_rows=rule)
+        for rule in ("gaps", "gaps_and_ttft", "none")
+    }
+    warm = {
+        rule: [(r.request_id, r.kind, r.observed_s) for r in got if r.request_id.startswith("warmup-")]
+        for rule, got in rows.items()
+    }
+    assert {kind for _, kind, _ in warm["gaps_and_ttft"]} == {"ttft", "itl"}
+    assert [w for w in warm["gaps_and_ttft"] if w[1] == "itl"] == warm["gaps"]
+    assert warm["none"] == []
+    measured = [r for r in rows["none"] if not r.request_id.startswith("warmup-")]
+    assert len(measured) == len(rows["none"]) > 0
+    with pytest.raises(ValueError, match="warmup_rows 'ttft'"):
+        cpu_fit.floor_rows(run, gpu_memory_mib=24000, model_preset=TINY, warmup_rows="ttft")  # type: ignore[arg-type]
+
+
 def test_equations_measured_beside_the_floor_enter_the_same_fit(
     floor: tuple[Path, list[FloorRun]],
 ) -> None:

@@ -24,7 +24,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -49,6 +49,7 @@ __all__ = [
     "predict_run",
     "prediction_settings",
     "read_step_costs",
+    "WarmupRows",
     "write_cpu_platform",
 ]
 
@@ -136,14 +137,30 @@ def _warmup_prompt(k: int, prompt_tokens: int, bos: bool) -> np.ndarray:
     return (1000 + 7919 * (k + 1) + np.arange(n, dtype=np.int64) % 50000).astype(np.int64)
 
 
+# Which of the warm-ups' observed times are fitting rows. "gaps", the workflow's rule: their
+# inter-token gaps, not their times to first token (a batch's queueing). "gaps_and_ttft": both,
+# the rule before 2026-12-04. "none": the warm-ups are not replayed at all, as if the floor had
+# sent none. The last two are for benchmarks/sim_vs_real_fit_rules.py's comparison.
+WarmupRows = Literal["gaps", "gaps_and_ttft", "none"]
+WARMUP_ROWS: tuple[str, ...] = get_args(WarmupRows)
+
+
 def floor_rows(
-    run: FloorRun, *, gpu_memory_mib: int, model_preset: str, timing: StepCost | None = None
+    run: FloorRun,
+    *,
+    gpu_memory_mib: int,
+    model_preset: str,
+    timing: StepCost | None = None,
+    warmup_rows: WarmupRows = "gaps",
 ) -> list[FitRow]:
     """Every floor request of `run` replayed through the engine's simulated scheduler as it was
     sent: the run's warm-ups together (the floor's only passes with more than one sequence: the
     decode cost against batch size), then the floor's requests one at a time. One TTFT row and one
     row per inter-token gap, each with the features of the passes it spans. `timing`: a step cost
-    fitted before, whose step and front-end times decide which pass admits each warm-up."""
+    fitted before, whose step and front-end times decide which pass admits each warm-up.
+    `warmup_rows`: which of the warm-ups' times are rows (WarmupRows)."""
+    if warmup_rows not in WARMUP_ROWS:
+        raise ValueError(f"warmup_rows {warmup_rows!r}: not one of {', '.join(WARMUP_ROWS)}")
     requests = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
     trace = load_trace(run.trace_dir / "trace.parquet", run.trace_dir / "manifest.json")
     recorder = FeatureRecorder(timing=timing)
@@ -165,7 +182,7 @@ def floor_rows(
     rows: list[FitRow] = []
     now = 0.0
     groups: list[tuple[list[dict[str, Any]], bool]] = []
-    if warmups and all(r["prompt_tokens"] for r in warmups):
+    if warmup_rows != "none" and warmups and all(r["prompt_tokens"] for r in warmups):
         groups.append((warmups, True))
     groups += [([r], k > 0) for k, r in enumerate(measured)]
     bos = sim.model_preset.bos_token_id is not None
@@ -190,7 +207,7 @@ def floor_rows(
             if observed is None or not tokens:
                 continue
             ttft, gaps = observed
-            if not req["warmup"]:
+            if not req["warmup"] or warmup_rows == "gaps_and_ttft":
                 rows.append(FitRow(label, req["request_id"], "ttft", ttft, tokens[0]))
             for gap, features in zip(gaps, tokens[1:], strict=False):
                 rows.append(FitRow(label, req["request_id"], "itl", gap, features))
@@ -213,10 +230,11 @@ def fit_step_cost(
     gpu_memory_mib: int,
     model_preset: str,
     extra: Sequence[Equation] = (),
+    warmup_rows: WarmupRows = "gaps",
 ) -> tuple[StepCost, dict[str, Any]]:
     """The engine's StepCost from its floor runs (both arms pooled), and the fit's report.
     `extra`: equations measured beside the floor (benchmarks/cpu_fit_with_sweep.py), weighted
-    as the floor's.
+    as the floor's. `warmup_rows`: which of the warm-ups' times are rows (floor_rows).
 
     Each TTFT row and the median of each (run, request) ITL group enter once, weighted by
     1 / observed (least squares on relative error: a 4 ms gap and a 60 ms TTFT count alike).
@@ -228,10 +246,12 @@ def fit_step_cost(
     mine = [r for r in runs if r.engine == engine]
     if not mine:
         raise ValueError(f"fit of {engine}: no floor run of that engine")
-    cost, report = _fit_once(engine, mine, gpu_memory_mib, model_preset, None, extra)
+    cost, report = _fit_once(engine, mine, gpu_memory_mib, model_preset, None, extra, warmup_rows)
     report["refits"] = 0
     for refit in range(1, MAX_REFITS + 1):
-        again, again_report = _fit_once(engine, mine, gpu_memory_mib, model_preset, cost, extra)
+        again, again_report = _fit_once(
+            engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows
+        )
         moved = max(
             abs(a - b) / max(abs(b), 1e-12)
             for a, b in zip(
@@ -252,12 +272,17 @@ def _fit_once(
     model_preset: str,
     timing: StepCost | None,
     extra: Sequence[Equation] = (),
+    warmup_rows: WarmupRows = "gaps",
 ) -> tuple[StepCost, dict[str, Any]]:
     rows = [
         row
         for run in mine
         for row in floor_rows(
-            run, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset, timing=timing
+            run,
+            gpu_memory_mib=gpu_memory_mib,
+            model_preset=model_preset,
+            timing=timing,
+            warmup_rows=warmup_rows,
         )
     ]
     equations: list[Equation] = []

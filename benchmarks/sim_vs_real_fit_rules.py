@@ -1,0 +1,205 @@
+"""Which floor rows make the best CPU platform? One sim-vs-real measurement scored under several
+rules of the fit (issue 26; docs/simulator.md, "Against the real engines").
+
+    .venv/bin/python benchmarks/sim_vs_real_fit_rules.py --results results \\
+        [--variant gaps] [--variant gaps_and_ttft] [--variant none] \\
+        [--variant vllm_v1=gaps,llamacpp=none] \\
+        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+
+A variant names the warm-up rows of the fit (`servelab.sim.cpu_fit.WarmupRows`), for every
+engine or per engine: `gaps` is the workflow's rule, `gaps_and_ttft` the rule before it, `none`
+a floor without its warm-up batch. For each variant this fits every engine from the results
+folder's floor runs (as the `cpu_platform` rule does: `floor_runs` of
+benchmarks/cpu_fit_stability.py, both arms pooled), predicts every loaded real run under
+`--results` on it (`servelab.sim.cpu_fit.predict_run` on the workflow's `prediction_settings`,
+as the `predict_run` rule does) and compares them with the analysis's own reduction
+(`servelab.analysis.sim_vs_real.compare_runs`). It prints the goal checks met per engine and arm
+and the saturation ratios, and writes every variant's coefficients, fit errors and checks to
+`--json`. The `gaps` variant is the workflow's prediction: where `--results` holds a
+sim_vs_real.json, the script says whether its own summary is the same. Everything it predicts
+goes to a temporary folder; nothing under `--results` is written.
+
+The variants are a comparison of calibration rules on a measurement that has been seen: a rule
+chosen by this score is fitted to the loaded runs, and must be checked on a measurement made
+after the choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_fit_stability import floor_runs
+
+from servelab.analysis.sim_vs_real import RunPair, compare_runs
+from servelab.grid.config import analysis_settings, conditions, load_config
+from servelab.sim.cpu_fit import (
+    WARMUP_ROWS,
+    FloorRun,
+    WarmupRows,
+    fit_step_cost,
+    predict_run,
+    prediction_settings,
+)
+
+
+def parse_variant(text: str, engines: list[str]) -> dict[str, WarmupRows]:
+    """`RULE` for every engine, or `ENGINE=RULE,ENGINE=RULE` naming each."""
+    if "=" not in text:
+        rules = dict.fromkeys(engines, text)
+    else:
+        rules = dict(part.split("=", 1) for part in text.split(","))
+        if sorted(rules) != sorted(engines):
+            raise SystemExit(f"--variant {text}: name every engine of the floor, {engines}")
+    for engine, rule in rules.items():
+        if rule not in WARMUP_ROWS:
+            raise SystemExit(f"--variant {text}: {engine}'s {rule!r} is not one of {WARMUP_ROWS}")
+    return {engine: cast(WarmupRows, rule) for engine, rule in rules.items()}
+
+
+def fit_platform(
+    runs: list[FloorRun], rules: dict[str, WarmupRows], config: dict[str, Any]
+) -> dict[str, Any]:
+    """The platform file's form (`write_cpu_platform`), each engine fitted on its rule, with the
+    workflow's GPU memory and model preset (the `cpu_platform` rule's params)."""
+    gpu_memory_mib, model_preset = int(config["gpu"]["memory_mib"]), config["model"]["preset"]
+    engines: dict[str, Any] = {}
+    for engine, rule in sorted(rules.items()):
+        cost, report = fit_step_cost(
+            engine, runs, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset, warmup_rows=rule
+        )
+        engines[engine] = {"step_cost": cost.coefficients(), "fit": report}
+    return {"model_preset": model_preset, "engines": engines}
+
+
+def loaded_runs(results: Path) -> list[tuple[str, str, str, str]]:
+    """(arm, engine, condition, rep) of every real loaded run under results/runs."""
+    return [
+        (p.parts[-5], p.parts[-4], p.parts[-3], p.parts[-2])
+        for p in sorted((results / "runs").glob("*/*/*/rep*/run.json"))
+    ]
+
+
+def score(
+    platform: dict[str, Any], results: Path, config: dict[str, Any], tmp: Path
+) -> dict[str, Any]:
+    """Every loaded run predicted on `platform` and compared with its real run: the summary of
+    `compare_runs` (its `series`, each with its checks and saturation)."""
+    platform_path = tmp / "platform.json"
+    platform_path.write_text(json.dumps(platform), encoding="utf-8")
+    by_condition = conditions(config)
+    pairs = []
+    for arm, engine, condition, rep in loaded_runs(results):
+        out = tmp / "predicted" / arm / engine / condition / rep
+        out.mkdir(parents=True)
+        trace_dir = results / "traces" / condition / rep
+        predict_run(
+            prediction_settings(config, arm=arm, engine=engine, condition=condition),
+            platform_path=platform_path,
+            trace_path=trace_dir / "trace.parquet",
+            manifest_path=trace_dir / "manifest.json",
+            arm=arm,
+            engine=engine,
+            condition=condition,
+            rep=rep,
+            requests_path=out / "requests.parquet",
+            scrape_path=out / "scrape.parquet",
+            run_json_path=out / "run.json",
+        )
+        pairs.append(
+            RunPair(
+                engine=engine,
+                arm=arm,
+                condition=condition,
+                rep=rep,
+                rate=float(by_condition[condition].rate),
+                duration_s=float(by_condition[condition].duration_s),
+                real_dir=results / "runs" / arm / engine / condition / rep,
+                predicted_dir=out,
+            )
+        )
+    _, summary, _ = compare_runs(pairs, keeps_pace=analysis_settings(config)["keeps_pace"])
+    return cast(dict[str, Any], summary)
+
+
+def tally(summary: dict[str, Any]) -> dict[str, Any]:
+    """Checks met per engine and arm (the saturation check included), in all, and the misses."""
+    series = {}
+    for s in summary["series"]:
+        series[f"{s['engine']}/{s['arm']}"] = {
+            "met": s["met"] + s["saturation_met"],
+            "checked": s["checked"] + 1,
+            "saturation_ratio": s["saturation_ratio"],
+            "missed": [
+                f"{c['condition']} {c['metric']} {c['ratio']}" for c in s["checks"] if not c["met"]
+            ]
+            + ([] if s["saturation_met"] else [f"saturation {s['saturation_ratio']}"]),
+        }
+    return {
+        "met": sum(s["met"] for s in series.values()),
+        "checked": sum(s["checked"] for s in series.values()),
+        "series": series,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="RULE or ENGINE=RULE,ENGINE=RULE (default: each rule for every engine)",
+    )
+    parser.add_argument("--config", default="config/config.yaml")
+    parser.add_argument(
+        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    config = load_config(args.config, args.configfile)
+    runs = floor_runs(args.results)
+    engines = sorted({r.engine for r in runs})
+    if not engines or not loaded_runs(args.results):
+        raise SystemExit(f"{args.results}: no ok floor run or no loaded run to score")
+    workflow = args.results / "sim_vs_real.json"
+    out: dict[str, Any] = {"results": str(args.results), "variants": {}}
+    for text in args.variant or list(WARMUP_ROWS):
+        started = time.perf_counter()
+        rules = parse_variant(text, engines)
+        platform = fit_platform(runs, rules, config)
+        with tempfile.TemporaryDirectory(prefix="servelab-fit-rules-") as tmp:
+            summary = score(platform, args.results, config, Path(tmp))
+        result = tally(summary)
+        result["rules"] = rules
+        result["coefficients"] = {e: v["step_cost"] for e, v in platform["engines"].items()}
+        result["fit"] = {
+            e: {k: v["fit"][k] for k in ("ttft", "itl") if k in v["fit"]}
+            for e, v in platform["engines"].items()
+        }
+        if text == "gaps" and workflow.exists():
+            same = json.loads(workflow.read_text(encoding="utf-8"))["series"] == summary["series"]
+            result["same_as_workflow_summary"] = same
+        out["variants"][text] = result
+        print(f"{text}: {result['met']} of {result['checked']} checks met")
+        for name, s in result["series"].items():
+            print(
+                f"  {name:20} {s['met']:>2} of {s['checked']}, saturation {s['saturation_ratio']}"
+            )
+        if "same_as_workflow_summary" in result:
+            print(f"  the same as {workflow}: {result['same_as_workflow_summary']}")
+        print(f"  ({time.perf_counter() - started:.0f} s)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
