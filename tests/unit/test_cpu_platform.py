@@ -216,7 +216,9 @@ def test_the_fit_rules_compared_by_the_benchmark_are_the_rows_they_name(
         for rule in ("gaps", "gaps_and_ttft", "none")
     }
     warm = {
-        rule: [(r.request_id, r.kind, r.observed_s) for r in got if r.request_id.startswith("warmup-")]
+        rule: [
+            (r.request_id, r.kind, r.observed_s) for r in got if r.request_id.startswith("warmup-")
+        ]
         for rule, got in rows.items()
     }
     assert {kind for _, kind, _ in warm["gaps_and_ttft"]} == {"ttft", "itl"}

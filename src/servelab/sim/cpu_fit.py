@@ -39,9 +39,11 @@ from servelab.sim.run import build_engine, simulate_run_files
 from servelab.workload.loader import load_trace
 
 __all__ = [
+    "WARMUP_ROWS",
     "Equation",
     "FitRow",
     "FloorRun",
+    "WarmupRows",
     "fit_step_cost",
     "floor_noise",
     "floor_rows",
@@ -49,7 +51,6 @@ __all__ = [
     "predict_run",
     "prediction_settings",
     "read_step_costs",
-    "WarmupRows",
     "write_cpu_platform",
 ]
 
