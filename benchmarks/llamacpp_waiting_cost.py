@@ -1,0 +1,202 @@
+"""Do requests waiting for a slot slow llama-server's passes? (issue 26; docs/simulator.md, "A
+fifth measurement").
+
+    .venv/bin/python benchmarks/llamacpp_waiting_cost.py [--waiting 0 4 12] [--cycles 3]
+        [--output-tokens 200] [--out OUT.json]
+
+Past saturation the real llama-server's passes take longer than the fitted CPU platform says,
+with the same passes and tokens a pass as the simulated server (benchmarks/sim_vs_real_passes.py).
+A loaded run differs from the floor in the requests that wait for a slot: their HTTP threads
+(llama-server serves with 8, `init: using N threads for HTTP server`) share the engine's pinned
+core. This measures that alone. llama-server (the CPU pair's flags: four slots, one thread) runs
+on core 1, the client on core 0. Four greedy requests of fresh 128-token prompts fill the slots
+and decode `--output-tokens` tokens; 0.3 s later, `--waiting` more requests are sent, which wait
+for a slot until the four finish. The four's median gap between tokens, from 0.35 s after the
+first of them starts to the first one's end, is the pass time with that many requests waiting.
+The settings are interleaved over `--cycles` cycles; llama-server's own count of `llama_decode`
+calls around each (`llamacpp:n_decode_total`) shows the four shared every pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_pair_engines import LLAMA_FLAGS
+from llamacpp_engine import LlamaServer, machine
+from parallel_sampling import CLIENT_CORE, ENGINE_CORE, MODEL, REQUEST_TIMEOUT_S, decode_calls
+from vllm_bench_peer import warm_up
+
+from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_model
+from servelab.workload import warmup_prompts
+
+SLOTS = 4  # --parallel of the CPU pair (cpu_pair_engines.LLAMA_FLAGS)
+PROMPT_TOKENS = 128
+SETTLE_S = 0.35  # after the four's first token: the waiting requests have been sent by then
+CPU_WINDOW = (0.5, 1.3)  # s after the four are sent: they decode, the rest wait
+
+
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the server's main thread, which runs the slots and `llama_decode`
+    (one compute thread, `--threads 1`), and of all its other threads (HTTP and the rest), from
+    /proc/PID/task/*/stat (utime + stime)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = others = 0.0
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if stat.parent.name == str(pid):
+            main += cpu
+        else:
+            others += cpu
+    return main, others
+
+
+def token_times(url: str, text: str, max_tokens: int) -> list[float]:
+    """One greedy streamed completion: the arrival time (perf_counter) of each chunk with text."""
+    body = {
+        "model": MODEL,
+        "prompt": text,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    times = []
+    with httpx.stream(
+        "POST", url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S
+    ) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            now = time.perf_counter()
+            if (
+                line.startswith("data: ")
+                and line != "data: [DONE]"
+                and any(c.get("text") for c in json.loads(line[6:]).get("choices", []))
+            ):
+                times.append(now)
+    return times
+
+
+def one_setting(
+    server: LlamaServer, texts: list[str], waiting: int, output_tokens: int
+) -> dict[str, Any]:
+    """The four decoders' median gap with `waiting` requests queued behind them, and the server's
+    CPU time by thread over CPU_WINDOW."""
+    url = server.url
+    decoders, queued = texts[:SLOTS], texts[SLOTS : SLOTS + waiting]
+    calls_before = decode_calls(url, "llamacpp")
+    with ThreadPoolExecutor(max_workers=SLOTS + waiting) as pool:
+        running = [pool.submit(token_times, url, t, output_tokens) for t in decoders]
+        time.sleep(0.3)
+        behind = [pool.submit(token_times, url, t, 8) for t in queued]
+        # the server's threads over a window in which the four decode and the rest wait
+        time.sleep(CPU_WINDOW[0] - 0.3)
+        cpu_before = thread_cpu_s(server.pid)
+        time.sleep(CPU_WINDOW[1] - CPU_WINDOW[0])
+        cpu_after = thread_cpu_s(server.pid)
+        sequences = [f.result() for f in running]
+        for f in behind:
+            f.result()
+    calls = decode_calls(url, "llamacpp")
+    if min(s[-1] for s in sequences) - min(s[0] for s in sequences) < CPU_WINDOW[1]:
+        raise RuntimeError(
+            f"waiting {waiting}: a decoder ended inside the CPU window; raise --output-tokens"
+        )
+    start = min(s[0] for s in sequences) + SETTLE_S
+    end = min(s[-1] for s in sequences)
+    gaps = [b - a for s in sequences for a, b in itertools.pairwise(s) if a >= start and b <= end]
+    if not gaps:
+        raise RuntimeError(f"waiting {waiting}: no gap inside the window; raise --output-tokens")
+    # A starved client or HTTP thread delivers tokens in clumps, which breaks the gaps, not the
+    # span: each decoder's first to last token over its tokens.
+    spans = [(s[-1] - s[0]) / (len(s) - 1) for s in sequences]
+    return {
+        "waiting": waiting,
+        "median_gap_ms": round(float(np.median(gaps)) * 1e3, 3),
+        "span_ms_per_token": round(float(np.median(spans)) * 1e3, 3),
+        "gaps": len(gaps),
+        "decode_calls": None if calls is None or calls_before is None else calls - calls_before,
+        "cpu_s_main_thread": round(cpu_after[0] - cpu_before[0], 3),
+        "cpu_s_other_threads": round(cpu_after[1] - cpu_before[1], 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--waiting", type=int, nargs="+", default=[0, 4, 12])
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--output-tokens", type=int, default=300)
+    parser.add_argument("--out", type=Path, help="write the measurement as JSON here")
+    args = parser.parse_args()
+    if any(w < 0 for w in args.waiting) or args.cycles < 1 or args.output_tokens < 50:
+        parser.error("--waiting >= 0, --cycles >= 1 and --output-tokens >= 50")
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    per_setting = SLOTS + max(args.waiting)
+    count = args.cycles * len(args.waiting) * per_setting
+    texts = [text for text, _ in warmup_prompts(7, count, PROMPT_TOKENS)]
+    rows = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="servelab-waiting-") as tmp:
+        # as parallel_sampling.served() starts it, keeping the process for its threads' CPU time
+        server = LlamaServer(
+            (*LLAMA_FLAGS, "--metrics"),
+            Path(tmp) / "llama-server.log",
+            ensure_tiny_model(spec=SHARED_SPEC),
+        )
+        server.command = ["taskset", "-c", ENGINE_CORE, *server.command]
+        with server:
+            warm_up(server.url)
+            for cycle in range(args.cycles):
+                for waiting in args.waiting:
+                    fresh, texts = texts[:per_setting], texts[per_setting:]
+                    row = {
+                        "cycle": cycle,
+                        **one_setting(server, fresh, waiting, args.output_tokens),
+                    }
+                    rows.append(row)
+                    print(row, flush=True)
+    summary = {
+        key: {
+            str(w): round(float(np.median([r[key] for r in rows if r["waiting"] == w])), 3)
+            for w in args.waiting
+        }
+        for key in (
+            "median_gap_ms",
+            "span_ms_per_token",
+            "cpu_s_main_thread",
+            "cpu_s_other_threads",
+        )
+    }
+    print(f"by requests waiting, the median over cycles: {summary}")
+    if args.out is not None:
+        record = {
+            "machine": machine(),
+            "settings": {**vars(args), "out": str(args.out), "prompt_tokens": PROMPT_TOKENS},
+            "wall_s": round(time.perf_counter() - started, 1),
+            "rows": rows,
+            "by_waiting": summary,
+        }
+        args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
