@@ -30,13 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_pair_engines import LLAMA_FLAGS
 from llamacpp_engine import LlamaServer, machine
-from parallel_sampling import CLIENT_CORE, ENGINE_CORE, MODEL, REQUEST_TIMEOUT_S, decode_calls
+from parallel_sampling import CLIENT_CORE, ENGINE_CORE, decode_calls, streamed_sequences
 from vllm_bench_peer import warm_up
 
 from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_model
@@ -69,28 +68,7 @@ def thread_cpu_s(pid: int) -> tuple[float, float]:
 
 def token_times(url: str, text: str, max_tokens: int) -> list[float]:
     """One greedy streamed completion: the arrival time (perf_counter) of each chunk with text."""
-    body = {
-        "model": MODEL,
-        "prompt": text,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-    }
-    times = []
-    with httpx.stream(
-        "POST", url + "/v1/completions", json=body, timeout=REQUEST_TIMEOUT_S
-    ) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            now = time.perf_counter()
-            if (
-                line.startswith("data: ")
-                and line != "data: [DONE]"
-                and any(c.get("text") for c in json.loads(line[6:]).get("choices", []))
-            ):
-                times.append(now)
-    return times
+    return streamed_sequences(url, text, 1, greedy=True, seeded=False, max_tokens=max_tokens)[0]
 
 
 def one_setting(

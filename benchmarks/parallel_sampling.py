@@ -96,14 +96,20 @@ MODES = ("n", "n-unseeded", "burst", "burst-sampled")
 
 
 def streamed_sequences(
-    url: str, text: str, k: int, *, greedy: bool, seeded: bool = True
+    url: str,
+    text: str,
+    k: int,
+    *,
+    greedy: bool,
+    seeded: bool = True,
+    max_tokens: int = OUTPUT_TOKENS,
 ) -> list[list[float]]:
     """The arrival times (perf_counter) of each of the k sequences' chunks."""
     body: dict[str, Any] = {
         "model": MODEL,
         "prompt": text,
         "n": k,
-        "max_tokens": OUTPUT_TOKENS,
+        "max_tokens": max_tokens,
         "ignore_eos": True,
         # vLLM refuses n > 1 when greedy (vllm/sampling_params.py::_verify_greedy_sampling): the
         # sweep samples at temperature 1, and a greedy k = 1 row prices the sampler's difference

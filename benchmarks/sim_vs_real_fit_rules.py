@@ -11,8 +11,8 @@ engine or per engine: `gaps` is the workflow's rule, `gaps_and_ttft` the rule be
 a floor without its warm-up batch. For each variant this fits every engine from the results
 folder's floor runs (as the `cpu_platform` rule does: `floor_runs` of
 benchmarks/cpu_fit_stability.py, both arms pooled), predicts every loaded real run under
-`--results` on it (`servelab.sim.cpu_fit.predict_run` on the workflow's `prediction_settings`,
-as the `predict_run` rule does) and compares them with the analysis's own reduction
+`--results` on it (benchmarks/sim_vs_real_slowdown.py's `predict_into`, as the `predict_run` rule
+does) and compares them with the analysis's own reduction
 (`servelab.analysis.sim_vs_real.compare_runs`). It prints the goal checks met per engine and arm
 and the saturation ratios, and writes every variant's coefficients, fit errors and checks to
 `--json`. The `gaps` variant is the workflow's prediction: where `--results` holds a
@@ -36,17 +36,11 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
+from sim_vs_real_slowdown import predict_into
 
 from servelab.analysis.sim_vs_real import RunPair, compare_runs
 from servelab.grid.config import analysis_settings, conditions, load_config
-from servelab.sim.cpu_fit import (
-    WARMUP_ROWS,
-    FloorRun,
-    WarmupRows,
-    fit_step_cost,
-    predict_run,
-    prediction_settings,
-)
+from servelab.sim.cpu_fit import WARMUP_ROWS, FloorRun, WarmupRows, fit_step_cost
 
 
 def parse_variant(text: str, engines: list[str]) -> dict[str, WarmupRows]:
@@ -98,20 +92,7 @@ def score(
     for arm, engine, condition, rep in loaded_runs(results):
         out = tmp / "predicted" / arm / engine / condition / rep
         out.mkdir(parents=True)
-        trace_dir = results / "traces" / condition / rep
-        predict_run(
-            prediction_settings(config, arm=arm, engine=engine, condition=condition),
-            platform_path=platform_path,
-            trace_path=trace_dir / "trace.parquet",
-            manifest_path=trace_dir / "manifest.json",
-            arm=arm,
-            engine=engine,
-            condition=condition,
-            rep=rep,
-            requests_path=out / "requests.parquet",
-            scrape_path=out / "scrape.parquet",
-            run_json_path=out / "run.json",
-        )
+        predict_into(results, config, f"{arm}/{engine}/{condition}/{rep}", platform_path, out)
         pairs.append(
             RunPair(
                 engine=engine,

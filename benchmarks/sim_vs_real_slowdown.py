@@ -64,14 +64,34 @@ def x_matching_slowdown(real_x: float, rows: list[dict[str, Any]]) -> float | No
     return round(float(np.interp(real_x, xs[order], scales[order])), 3)
 
 
+def predict_into(
+    results: Path, config: dict[str, Any], run: str, platform_path: Path, out: Path
+) -> None:
+    """The loaded run ARM/ENGINE/CONDITION/REP of `results` predicted on `platform_path`, as the
+    workflow's `predict_run` rule does (its settings from `config`), into `out`'s requests.parquet,
+    scrape.parquet and run.json."""
+    arm, engine, condition, rep = run.split("/")
+    trace_dir = results / "traces" / condition / rep
+    predict_run(
+        prediction_settings(config, arm=arm, engine=engine, condition=condition),
+        platform_path=platform_path,
+        trace_path=trace_dir / "trace.parquet",
+        manifest_path=trace_dir / "manifest.json",
+        arm=arm,
+        engine=engine,
+        condition=condition,
+        rep=rep,
+        requests_path=out / "requests.parquet",
+        scrape_path=out / "scrape.parquet",
+        run_json_path=out / "run.json",
+    )
+
+
 def predict_scaled(
     run: str, results: Path, config: dict[str, Any], scales: list[float]
 ) -> dict[str, Any]:
     """The real run's summary and its prediction at each slowdown."""
-    arm, engine, condition, rep = run.split("/")
-    settings = prediction_settings(config, arm=arm, engine=engine, condition=condition)
     platform = json.loads((results / "sim_vs_real" / "platform.json").read_text("utf-8"))
-    trace_dir = results / "traces" / condition / rep
     real = summary(results / "runs" / run / "requests.parquet")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="servelab-slowdown-") as tmp:
@@ -82,19 +102,7 @@ def predict_scaled(
             out = Path(tmp) / f"x{scale}"
             out.mkdir()
             (out / "platform.json").write_text(json.dumps(scaled), encoding="utf-8")
-            predict_run(
-                settings,
-                platform_path=out / "platform.json",
-                trace_path=trace_dir / "trace.parquet",
-                manifest_path=trace_dir / "manifest.json",
-                arm=arm,
-                engine=engine,
-                condition=condition,
-                rep=rep,
-                requests_path=out / "requests.parquet",
-                scrape_path=out / "scrape.parquet",
-                run_json_path=out / "run.json",
-            )
+            predict_into(results, config, run, out / "platform.json", out)
             record = json.loads((out / "run.json").read_text(encoding="utf-8"))
             rows.append({"scale": scale, "steps": record["sim"]["iterations"]})
             rows[-1].update(summary(out / "requests.parquet"))
