@@ -34,6 +34,24 @@ def test_truncated_lognormal_matches_the_truncated_distribution() -> None:
     assert lo + (1 - hi) > 0.1
 
 
+def test_tool_delays_do_not_move_with_the_last_bit_of_exp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NumPy's exp differs in the last bit between CPUs with and without AVX-512 (the study's traces did,
+    between two machines); a trace must not. The delays are drawn on a microsecond grid, so an exp one ulp
+    off gives the same delays."""
+    from servelab.workload import topology
+
+    spec = ToolDelay.from_config(DEFAULT)
+    exact = tool_delays(5, 20_000, spec)
+    assert np.array_equal(np.round(exact * 1e6) / 1e6, exact)
+    real_exp = np.exp
+    for direction in (np.inf, -np.inf):
+        monkeypatch.setattr(
+            topology.np, "exp", lambda x, d=direction: np.nextafter(real_exp(x), d), raising=True
+        )
+        assert np.array_equal(tool_delays(5, 20_000, spec), exact)
+        monkeypatch.setattr(topology.np, "exp", real_exp)
+
+
 def test_default_tool_delays_are_subsecond_with_a_bounded_tail() -> None:
     d = tool_delays(11, 100_000, ToolDelay.from_config(DEFAULT))
     assert abs(np.median(d) - 0.5) < 0.02

@@ -134,16 +134,26 @@ def _lognorm_ppf(p: np.ndarray, spec: ToolDelay) -> np.ndarray:
     return spec.median_s * np.exp(spec.sigma * ndtri(p))
 
 
+# Tool-call delays are drawn to the microsecond: the double nearest to a whole number of them (tool_delays).
+TOOL_DELAY_DECIMALS = 6
+
+
 def tool_delays(seed: int, n: int, spec: ToolDelay) -> np.ndarray:
     """`n` tool-call delays (seconds) from stream "tool_delay" of `seed`, each within [min_s, max_s].
 
-    Log-normal: u ~ U(0, 1) from the stream, d = F⁻¹(F(min_s) + u·(F(max_s) − F(min_s))).
+    Log-normal: u ~ U(0, 1) from the stream, d = F⁻¹(F(min_s) + u·(F(max_s) − F(min_s))), rounded to the
+    microsecond (TOOL_DELAY_DECIMALS).
     """
     if spec.distribution == "constant" or spec.sigma == 0:
         return np.full(n, spec.median_s, dtype=np.float64)
     lo, hi = spec._cdf_bounds()
     u = substream(seed, "tool_delay").random(n)
     delays = np.asarray(_lognorm_ppf(lo + u * (hi - lo), spec), dtype=np.float64)
+    # np.exp's last bit depends on the CPU: NumPy takes its own AVX-512 code where the CPU has it and the C
+    # library's exp elsewhere, and the two can differ in the last bit (the study's traces did, between two
+    # machines). Rounding to the microsecond makes the trace the same on every machine: a last-bit change
+    # (about 1e-16 s) moves a value across a rounding boundary about once in 10^10 values.
+    delays = np.round(delays, TOOL_DELAY_DECIMALS)
     # The inverse CDF can land a rounding error outside the bounds; the bounds are part of the contract.
     return np.clip(delays, spec.min_s, spec.max_s)
 
