@@ -33,12 +33,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_pair_engines import LLAMA_FLAGS
 from llamacpp_engine import LlamaServer, machine
-from parallel_sampling import CLIENT_CORE, ENGINE_CORE, decode_calls, streamed_sequences
-from vllm_bench_peer import warm_up
+from parallel_sampling import CLIENT_CORE, decode_calls, served_llama, streamed_sequences
 
-from servelab.deploy.tiny_model import SHARED_SPEC, ensure_tiny_model
 from servelab.workload import warmup_prompts
 
 SLOTS = 4  # --parallel of the CPU pair (cpu_pair_engines.LLAMA_FLAGS)
@@ -132,25 +129,19 @@ def main() -> int:
     texts = [text for text, _ in warmup_prompts(7, count, PROMPT_TOKENS)]
     rows = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="servelab-waiting-") as tmp:
-        # as parallel_sampling.served() starts it, keeping the process for its threads' CPU time
-        server = LlamaServer(
-            (*LLAMA_FLAGS, "--metrics"),
-            Path(tmp) / "llama-server.log",
-            ensure_tiny_model(spec=SHARED_SPEC),
-        )
-        server.command = ["taskset", "-c", ENGINE_CORE, *server.command]
-        with server:
-            warm_up(server.url)
-            for cycle in range(args.cycles):
-                for waiting in args.waiting:
-                    fresh, texts = texts[:per_setting], texts[per_setting:]
-                    row = {
-                        "cycle": cycle,
-                        **one_setting(server, fresh, waiting, args.output_tokens),
-                    }
-                    rows.append(row)
-                    print(row, flush=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="servelab-waiting-") as tmp,
+        served_llama(Path(tmp)) as server,
+    ):
+        for cycle in range(args.cycles):
+            for waiting in args.waiting:
+                fresh, texts = texts[:per_setting], texts[per_setting:]
+                row = {
+                    "cycle": cycle,
+                    **one_setting(server, fresh, waiting, args.output_tokens),
+                }
+                rows.append(row)
+                print(row, flush=True)
     summary = {
         key: {
             str(w): round(float(np.median([r[key] for r in rows if r["waiting"] == w])), 3)

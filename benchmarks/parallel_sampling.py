@@ -155,6 +155,14 @@ def served(engine: str, folder: Path, extra_flags: tuple[str, ...] = ()) -> Iter
             warm_up(vllm.url)
             yield vllm.url
         return
+    with served_llama(folder, extra_flags) as llama:
+        yield llama.url
+
+
+@contextlib.contextmanager
+def served_llama(folder: Path, extra_flags: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
+    """llama-server as `served` runs it (the CPU pair's flags with `--metrics`, on core
+    ENGINE_CORE, warmed up), as its process, for a benchmark that reads the process too."""
     llama = LlamaServer(
         (*LLAMA_FLAGS, "--metrics", *extra_flags),
         folder / "llama-server.log",
@@ -163,7 +171,7 @@ def served(engine: str, folder: Path, extra_flags: tuple[str, ...] = ()) -> Iter
     llama.command = ["taskset", "-c", ENGINE_CORE, *llama.command]
     with llama:
         warm_up(llama.url)
-        yield llama.url
+        yield llama
 
 
 def decode_calls(url: str, engine: str) -> float | None:
