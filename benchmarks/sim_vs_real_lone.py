@@ -10,6 +10,12 @@ fit can see. This prints, per engine and arm, from a `make sim-vs-real` results 
 - the floor's median TTFT on the condition's shape (all floor repetitions pooled);
 - the lone requests' median TTFT in the loaded runs, real and predicted (the same requests), and by
   the engine's idle time before them (how long since the previous request's last token);
+- the lone requests' predicted ÷ real TTFT after less and more than `IDLE_SPLIT_S` of idle, and
+  within each run the ratio of the two (the prediction prices each request's own work, so this
+  compares like with like, and comparing within a run leaves out the machine's slow periods);
+- at each rate up to `LIGHT_RATE` graphs/s, the median predicted ÷ real TTFT of the lone
+  requests and of the rest (sent while another was in flight, or met by one before their first
+  token);
 - how busy the client's cores were (`machine_load` of every run.json: the busy share of the
   client's pinned cores over the run's window), median over the floor runs (every shape) and over
   the loaded runs: a busy client core slows the engine's (benchmarks/core_interference.py).
@@ -28,6 +34,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 IDLE_BINS_S = ((0.0, 0.005), (0.005, 0.1), (0.1, float("inf")))
+IDLE_SPLIT_S = 0.1
+LIGHT_RATE = 1.0  # graphs/s: the light-load rates, where TTFT p50 is checked against lone work
 
 
 def requests(path: Path) -> dict[str, Any]:
@@ -69,22 +77,43 @@ def client_busy(run_dirs: list[Path]) -> float | None:
     return round(float(np.median(shares)), 3) if shares else None
 
 
+def _median_ratio(values: list[float]) -> float | None:
+    return round(float(np.median(values)), 3) if values else None
+
+
 def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
     floors = sorted(results.glob(f"floor/{arm}-*/runs/{arm}/{engine}/floor-s0.50-L1024/rep*"))
     floor_runs = [requests(f / "requests.parquet") for f in floors]
     floor_ttft = np.concatenate([r["ttft"][~r["warmup"]] for r in floor_runs] or [np.array([])])
     floor_ttft = floor_ttft[np.isfinite(floor_ttft)]
     real, predicted, idle = [], [], []
+    within_run: list[float] = []
+    light: dict[str, dict[str, list[float]]] = {}
     loaded = sorted((results / "runs" / arm / engine).glob("rate-*/rep*"))
     for run in loaded:
         measured = requests(run / "requests.parquet")
         guess_path = results / "sim_vs_real" / "predicted" / run.relative_to(results / "runs")
         guess = requests(guess_path / "requests.parquet")
         guessed = dict(zip(guess["id"], guess["ttft"], strict=True))
-        for rid, ttft, before in lone(measured):
+        alone = lone(measured)
+        for rid, ttft, before in alone:
             real.append(ttft)
             predicted.append(guessed[rid])
             idle.append(before)
+        short = [guessed[rid] / t for rid, t, before in alone if before < IDLE_SPLIT_S]
+        long = [guessed[rid] / t for rid, t, before in alone if before >= IDLE_SPLIT_S]
+        if short and long:  # real ÷ predicted after a long idle over that after a short one
+            within_run.append(float(np.median(short) / np.median(long)))
+        rate = float(run.parent.name.removeprefix("rate-"))
+        if rate <= LIGHT_RATE:
+            classes = light.setdefault(f"{rate:g}", {"lone": [], "with_others": []})
+            alone_ids = {rid for rid, _t, _b in alone}
+            for rid, ttft, warmup in zip(
+                measured["id"], measured["ttft"], measured["warmup"], strict=True
+            ):
+                if not warmup and np.isfinite(ttft) and rid in guessed:
+                    kind = "lone" if rid in alone_ids else "with_others"
+                    classes[kind].append(guessed[rid] / ttft)
     real_a, idle_a = np.asarray(real), np.asarray(idle)
     by_idle = {}
     for lo, hi in IDLE_BINS_S:
@@ -105,6 +134,22 @@ def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
         else None,
         "lone_over_floor": round(real_ms / floor_ms, 3),
         "by_idle_before": by_idle,
+        "lone_predicted_over_real": {
+            f"idle < {IDLE_SPLIT_S:g} s": _median_ratio(
+                [p / r for p, r, i in zip(predicted, real, idle, strict=True) if i < IDLE_SPLIT_S]
+            ),
+            f"idle >= {IDLE_SPLIT_S:g} s": _median_ratio(
+                [p / r for p, r, i in zip(predicted, real, idle, strict=True) if i >= IDLE_SPLIT_S]
+            ),
+        },
+        "long_idle_excess_within_runs": {
+            "runs": len(within_run),
+            "median": _median_ratio(within_run),
+        },
+        "light_load_predicted_over_real": {
+            rate: {kind: {"n": len(v), "median": _median_ratio(v)} for kind, v in c.items()}
+            for rate, c in light.items()
+        },
         "client_busy_floor": client_busy(
             sorted(results.glob(f"floor/{arm}-*/runs/{arm}/{engine}/*/rep*"))
         ),

@@ -8,7 +8,9 @@ pulls. This reads each real run's window from that Prometheus:
 - vLLM V1: `vllm:iteration_tokens_total` (count and sum: the engine steps that produced output, and
   their computed tokens) and `prompt_tokens_total`, `prompt_tokens_cached_total`.
 
-It sets them beside the predicted run's passes (`sim.iterations` of its run.json) and tokens. Same
+It sets them beside the predicted run's passes (`sim.iterations` of its run.json) and tokens, one
+row a run, in the order each deployment's runs were made (`started_utc`), so that a slow period of
+the engine or the machine shows as a run of rows with a high `real_over_predicted_ms`. Same
 pass count and tokens per pass mean the simulated scheduler batches as the engine does, and a
 time-per-pass gap is the step cost. Different counts mean a scheduling rule differs.
 
@@ -30,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +134,14 @@ def compare(results: Path, url: str) -> list[dict[str, Any]]:
         guess = json.loads(guess_path.read_text())
         r, p = real_passes(url, real), predicted_passes(guess)
         window = float(real["end_unix_s"]) - float(real["start_unix_s"])
+        started = datetime.fromtimestamp(float(real["start_unix_s"]), tz=UTC)
+        real_ms = 1e3 * window / r["passes"] if r["passes"] else None
+        predicted_ms = 1e3 * float(guess["sim"]["virtual_duration_s"]) / p["passes"]
         rows.append(
             {
                 "run_id": real["run_id"],
                 "attempt": real["attempt"],
+                "started_utc": started.strftime("%Y-%m-%dT%H:%M:%S"),
                 "real_passes": round(r["passes"]),
                 "predicted_passes": round(p["passes"]),
                 "passes_ratio": round(p["passes"] / r["passes"], 3) if r["passes"] else None,
@@ -142,15 +149,15 @@ def compare(results: Path, url: str) -> list[dict[str, Any]]:
                 if r["passes"]
                 else None,
                 "predicted_tokens_per_pass": round(p["tokens"] / p["passes"], 1),
-                "real_ms_per_pass": round(1e3 * window / r["passes"], 2) if r["passes"] else None,
-                "predicted_ms_per_pass": round(
-                    1e3 * float(guess["sim"]["virtual_duration_s"]) / p["passes"], 2
-                ),
+                "real_ms_per_pass": round(real_ms, 2) if real_ms else None,
+                "predicted_ms_per_pass": round(predicted_ms, 2),
+                "real_over_predicted_ms": round(real_ms / predicted_ms, 3) if real_ms else None,
                 "real_cached_share": round(r["cached"] / r["prompt"], 4) if r["prompt"] else None,
                 "predicted_cached_share": round(p["cached"] / p["prompt"], 4),
             }
         )
-    return rows
+    # in the order the runs were made, deployment by deployment (the engine's age shows)
+    return sorted(rows, key=lambda row: (row["run_id"].split("/")[:2], row["started_utc"]))
 
 
 def main() -> int:

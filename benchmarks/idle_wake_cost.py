@@ -1,0 +1,164 @@
+"""Does a lone request take longer after the engine has idled? (issue 26; docs/simulator.md,
+"A sixth look: light load")
+
+    .venv/bin/python benchmarks/idle_wake_cost.py [--engine llamacpp|vllm] [--idle 0 0.1 1]
+        [--cycles 3] [--requests 8] [--fresh-tokens 512] [--engine-flag=FLAG ...]
+        [--out OUT.json]
+
+The CPU platform is fitted from the floor, a closed-loop chain of single requests: each is sent
+as soon as the one before it ends, so the engine never idles between them. In a loaded run at
+light load most lone requests (nothing else in flight) come after the engine idled for a tenth of
+a second or more (benchmarks/sim_vs_real_lone.py bins them by that idle time). This measures the
+idle time alone. The engine (the CPU pair's flags, `parallel_sampling.served`) runs on core 1, the
+client on core 0. Each request has the sweep's condition shape: 1,024 tokens, the first 512 a
+prefix shared by every request (cached after the first) and the rest fresh (`--fresh-tokens`, 512),
+one output token, not streamed, so its latency is its time to first token and the engine computes
+the fresh tokens. Two fresh sizes tell a fixed wake-up cost from a slower pass. Before
+each request the client sleeps the setting's idle time; the settings are interleaved in a
+shuffled order over `--cycles` cycles, `--requests` each.
+
+Printed per idle time: the median client latency (and each cycle's) and, for llama-server, the server's own
+`timings.prompt_ms` (its forward passes of the prompt, no HTTP), each as a ratio to idle 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_engine import machine
+from parallel_sampling import CLIENT_CORE, served
+from vllm_bench_peer import MODEL
+
+PREFIX_TOKENS = 512
+FRESH_TOKENS = 512
+TIMEOUT_S = 60.0
+IDLE_S = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
+TOKEN_RANGE = (1000, 100_000)  # ordinary ids of the Llama-3 vocabulary (128,256)
+
+
+def one_request(client: httpx.Client, prompt: list[int]) -> tuple[float, float | None]:
+    """(client latency, the server's prompt_ms or None) of one 1-token completion."""
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "stream": False,
+    }
+    start = time.perf_counter()
+    response = client.post("/v1/completions", json=body)
+    latency = time.perf_counter() - start
+    response.raise_for_status()
+    timings = response.json().get("timings")  # llama-server only
+    return latency, float(timings["prompt_ms"]) if timings else None
+
+
+def measure(
+    engine: str,
+    idle: tuple[float, ...],
+    cycles: int,
+    requests: int,
+    flags: tuple[str, ...],
+    fresh_tokens: int = FRESH_TOKENS,
+) -> dict[str, Any]:
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    rng = random.Random(0)
+    prefix = [rng.randrange(*TOKEN_RANGE) for _ in range(PREFIX_TOKENS)]
+
+    def prompt() -> list[int]:
+        return prefix + [rng.randrange(*TOKEN_RANGE) for _ in range(fresh_tokens)]
+
+    samples: dict[float, list[tuple[float, float | None]]] = {s: [] for s in idle}
+    per_cycle: dict[float, list[float]] = {s: [] for s in idle}
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        served(engine, Path(scratch), flags) as url,
+        httpx.Client(base_url=url, timeout=TIMEOUT_S) as client,
+    ):
+        for _ in range(4):  # the prefix enters the cache; not counted
+            one_request(client, prompt())
+        for cycle in range(cycles):
+            order = list(idle)
+            rng.shuffle(order)
+            for setting in order:
+                latencies = []
+                for _ in range(requests):
+                    time.sleep(setting)
+                    samples[setting].append(one_request(client, prompt()))
+                    latencies.append(samples[setting][-1][0])
+                per_cycle[setting].append(round(1e3 * statistics.median(latencies), 2))
+            print(f"cycle {cycle + 1} of {cycles} done", flush=True)
+    base_latency = statistics.median(lat for lat, _ in samples[idle[0]])
+    base_prompt = [p for _, p in samples[idle[0]] if p is not None]
+    rows = []
+    for setting, values in samples.items():
+        latency = statistics.median(lat for lat, _ in values)
+        prompt_ms = [p for _, p in values if p is not None]
+        row: dict[str, Any] = {
+            "idle_s": setting,
+            "requests": len(values),
+            "latency_ms": round(1e3 * latency, 2),
+            "latency_ratio": round(latency / base_latency, 3),
+            "latency_ms_by_cycle": per_cycle[setting],
+        }
+        if prompt_ms and base_prompt:
+            row["prompt_ms"] = round(statistics.median(prompt_ms), 2)
+            row["prompt_ratio"] = round(
+                statistics.median(prompt_ms) / statistics.median(base_prompt), 3
+            )
+        rows.append(row)
+    return {
+        "engine": engine,
+        "flags": list(flags),
+        "prefix_tokens": PREFIX_TOKENS,
+        "fresh_tokens": fresh_tokens,
+        "cycles": cycles,
+        "rows": rows,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
+    parser.add_argument("--idle", type=float, nargs="+", default=list(IDLE_S))
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--fresh-tokens", type=int, default=FRESH_TOKENS)
+    parser.add_argument("--engine-flag", action="append", default=[], dest="flags")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    print(json.dumps(machine()))
+    result = measure(
+        args.engine,
+        tuple(args.idle),
+        args.cycles,
+        args.requests,
+        tuple(args.flags),
+        args.fresh_tokens,
+    )
+    print(f"{'idle s':>7} {'n':>4} {'latency ms':>11} {'ratio':>6} {'prompt_ms':>10} {'ratio':>6}")
+    for row in result["rows"]:
+        print(
+            f"{row['idle_s']:7.3f} {row['requests']:4d} {row['latency_ms']:11.2f} "
+            f"{row['latency_ratio']:6.3f} {row.get('prompt_ms', float('nan')):10.2f} "
+            f"{row.get('prompt_ratio', float('nan')):6.3f}  by cycle {row['latency_ms_by_cycle']}"
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine(), **result}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

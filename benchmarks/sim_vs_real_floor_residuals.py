@@ -1,0 +1,139 @@
+"""The CPU platform against its own floor, shape by shape (issue 26; docs/simulator.md,
+"Against the real engines").
+
+    .venv/bin/python benchmarks/sim_vs_real_floor_residuals.py --results results \\
+        [--platform results/sim_vs_real/platform.json] \\
+        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+
+The fit (`servelab.sim.cpu_fit`) pools every floor run of an engine, both arms and every shape,
+into one least-squares problem, and its report keeps only the pooled errors. A prediction of a
+loaded run at light load is mostly the condition's shape alone, so the pooled error hides what
+matters there. This replays every `ok` floor run of `--results` as the fit does
+(`floor_rows`, on the fitted platform's own timing), prices each row with the platform's
+coefficients, and prints per floor run, in the order the runs were made (UTC start time):
+- the median observed and predicted time to first token of its single requests, and their
+  ratio (predicted ÷ observed);
+- the same for its single requests' inter-token gaps (each request's median gap) and for its
+  warm-ups' gaps, the fit's only passes of several sequences.
+
+Nothing is fitted here: the coefficients are the platform file's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_fit_stability import floor_runs
+
+from servelab.grid.config import load_config
+from servelab.sim.cpu_fit import FloorRun, floor_rows, read_step_costs
+from servelab.sim.cpu_platform import StepCost
+
+
+def _ratio(predicted: list[float], observed: list[float]) -> dict[str, float] | None:
+    if not observed:
+        return None
+    p, o = float(np.median(predicted)), float(np.median(observed))
+    return {
+        "n": len(observed),
+        "observed_ms": round(1e3 * o, 2),
+        "predicted_ms": round(1e3 * p, 2),
+        "ratio": round(p / o, 3),
+    }
+
+
+def residuals(run: FloorRun, cost: StepCost, config: dict[str, Any]) -> dict[str, Any]:
+    """One floor run's median predicted and observed times, by kind of row."""
+    warmup_ids = {
+        r["request_id"]
+        for r in pq.read_table(
+            run.run_dir / "requests.parquet", columns=["request_id", "warmup"]
+        ).to_pylist()
+        if r["warmup"]
+    }
+    rows = floor_rows(
+        run,
+        gpu_memory_mib=int(config["gpu"]["memory_mib"]),
+        model_preset=str(config["model"]["preset"]),
+        timing=cost,
+    )
+    weights = np.array(list(cost.coefficients().values()))
+    kinds: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    gaps: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        predicted = float(row.features @ weights)
+        if row.kind == "ttft":
+            kinds["ttft"][0].append(predicted)
+            kinds["ttft"][1].append(row.observed_s)
+        else:
+            gaps[row.request_id].append((predicted, row.observed_s))
+    for request_id, pairs in gaps.items():
+        kind = "warmup_gap" if request_id in warmup_ids else "gap"
+        kinds[kind][0].append(float(np.median([p for p, _ in pairs])))
+        kinds[kind][1].append(float(np.median([o for _, o in pairs])))
+    record = json.loads((run.run_dir / "run.json").read_text(encoding="utf-8"))
+    started = datetime.fromtimestamp(float(record["start_unix_s"]), tz=UTC)
+    return {
+        "engine": run.engine,
+        "arm": run.arm,
+        "shape": run.run_dir.parent.name,
+        "rep": run.run_dir.name,
+        "started_utc": started.strftime("%Y-%m-%dT%H:%M:%S"),
+        **{kind: _ratio(*kinds[kind]) for kind in ("ttft", "gap", "warmup_gap")},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--platform", type=Path, help="default: RESULTS/sim_vs_real/platform.json")
+    parser.add_argument("--config", default="config/config.yaml")
+    parser.add_argument(
+        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    config = load_config(args.config, args.configfile)
+    platform = args.platform or args.results / "sim_vs_real" / "platform.json"
+    if not platform.is_file():
+        raise SystemExit(f"{platform}: no platform file (run `make sim-vs-real` first)")
+    costs = read_step_costs(platform)
+    runs = [r for r in floor_runs(args.results) if r.engine in costs]
+    if not runs:
+        raise SystemExit(f"{args.results}: no ok floor run of an engine in {platform}")
+    out = sorted(
+        (residuals(run, costs[run.engine], config) for run in runs),
+        key=lambda r: (r["engine"], r["started_utc"]),
+    )
+    print(
+        "engine    arm       shape                 rep   started (UTC)        TTFT ÷   gap ÷  warm-up gap ÷"
+    )
+    for r in out:
+        cells = [
+            "" if r[k] is None else f"{r[k]['ratio']:.3f} ({r[k]['observed_ms']:.1f})"
+            for k in ("ttft", "gap", "warmup_gap")
+        ]
+        print(
+            f"{r['engine']:9} {r['arm']:9} {r['shape']:21} {r['rep']:5} {r['started_utc']}  "
+            + "  ".join(f"{c:15}" for c in cells)
+        )
+    print("(predicted ÷ observed, the observed median in ms in brackets)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
