@@ -6,16 +6,25 @@ pulls. This reads each real run's window from that Prometheus:
 - llama-server: `llamacpp:n_decode_total` (llama_decode calls), `prompt_tokens_total` (computed
   prompt tokens) and `tokens_predicted_total`;
 - vLLM V1: `vllm:iteration_tokens_total` (count and sum: the engine steps that produced output, and
-  their computed tokens) and `prompt_tokens_total`, `prompt_tokens_cached_total`.
+  their computed tokens) and `prompt_tokens_total`, `prompt_tokens_cached_total`. A step of
+  partial prefill chunks alone emits nothing and is not counted, so the predicted side counts the
+  simulated steps that emitted a token (`sim.steps_with_output` of its run.json), and every
+  simulated step beside it (`predicted_steps_all`).
 
-It sets them beside the predicted run's passes (`sim.iterations` of its run.json) and tokens, one
-row a run, in the order each deployment's runs were made (`started_utc`), so that a slow period of
-the engine or the machine shows as a run of rows with a high `real_over_predicted_ms`. Same
+It sets them beside the predicted run's passes (`sim.iterations` of its run.json; for vLLM
+`sim.steps_with_output`) and tokens, one row a run, in the order each deployment's runs were made
+(`started_utc`), so that a slow period of the engine or the machine shows as a run of rows with a
+high `real_over_predicted_ms`. Same
 pass count and tokens per pass mean the simulated scheduler batches as the engine does, and a
 time-per-pass gap is the step cost. Different counts mean a scheduling rule differs.
 
     python benchmarks/sim_vs_real_passes.py [--results results] [--json OUT]
         [--prometheus URL | --tsdb results/deployments/_prometheus/data]
+        [--repredict [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml]]
+
+With `--repredict` the predicted side is made again by this checkout's simulator, on the
+results' own fitted platform, instead of read from the workflow's `sim_vs_real/predicted`: for a
+results folder predicted by an older simulator (one that did not record `steps_with_output`).
 
 With `--tsdb` (the default) a private Prometheus is started on a copy of the data directory, on
 127.0.0.1 and a free port, and stopped by its PID at the end.
@@ -24,10 +33,12 @@ With `--tsdb` (the default) a private Prometheus is started on a copy of the dat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -38,7 +49,11 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_vs_real_slowdown import predict_into
+
 from servelab.deploy.processes import free_port
+from servelab.grid.config import load_config
 
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -118,20 +133,26 @@ def predicted_passes(run: dict[str, Any]) -> dict[str, float]:
         prompt = m["vllm:prompt_tokens_total"]
         cached = m["vllm:prompt_tokens_cached_total"]
         generated = m["vllm:generation_tokens_total"]
+    # V1 counts only the steps that emitted a token (servelab.sim.vllm, `steps_with_output`); a
+    # prediction made before the simulator recorded them counts every step
+    steps = run["sim"].get("steps_with_output") if run["engine"] != "llamacpp" else None
     return {
-        "passes": float(run["sim"]["iterations"]),
+        "passes": float(run["sim"]["iterations"] if steps is None else steps),
+        "every_step": float(run["sim"]["iterations"]),
         "tokens": prompt - cached + generated,
         "prompt": prompt,
         "cached": cached,
     }
 
 
-def compare(results: Path, url: str) -> list[dict[str, Any]]:
+def compare(results: Path, url: str, predicted: Path | None = None) -> list[dict[str, Any]]:
+    """One row a real run; the predicted side from `predicted` (default: the workflow's,
+    RESULTS/sim_vs_real/predicted), laid out as RESULTS/runs."""
+    predicted = predicted or results / "sim_vs_real" / "predicted"
     rows = []
     for path in sorted((results / "runs").glob("*/*/*/rep*/run.json")):
         real = json.loads(path.read_text())
-        guess_path = results / "sim_vs_real" / "predicted" / path.relative_to(results / "runs")
-        guess = json.loads(guess_path.read_text())
+        guess = json.loads((predicted / path.relative_to(results / "runs")).read_text())
         r, p = real_passes(url, real), predicted_passes(guess)
         window = float(real["end_unix_s"]) - float(real["start_unix_s"])
         started = datetime.fromtimestamp(float(real["start_unix_s"]), tz=UTC)
@@ -144,6 +165,7 @@ def compare(results: Path, url: str) -> list[dict[str, Any]]:
                 "started_utc": started.strftime("%Y-%m-%dT%H:%M:%S"),
                 "real_passes": round(r["passes"]),
                 "predicted_passes": round(p["passes"]),
+                "predicted_steps_all": round(p["every_step"]),
                 "passes_ratio": round(p["passes"] / r["passes"], 3) if r["passes"] else None,
                 "real_tokens_per_pass": round(r["tokens"] / r["passes"], 1)
                 if r["passes"]
@@ -160,20 +182,45 @@ def compare(results: Path, url: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: (row["run_id"].split("/")[:2], row["started_utc"]))
 
 
+def repredict(results: Path, config: dict[str, Any], out: Path) -> None:
+    """Every loaded run of `results` predicted again by this checkout's simulator on the
+    results' own platform (RESULTS/sim_vs_real/platform.json), as the `predict_run` rule does,
+    into `out` laid out as RESULTS/runs."""
+    platform = results / "sim_vs_real" / "platform.json"
+    for path in sorted((results / "runs").glob("*/*/*/rep*/run.json")):
+        run = path.parent.relative_to(results / "runs")
+        (out / run).mkdir(parents=True)
+        predict_into(results, config, run.as_posix(), platform, out / run)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--repredict",
+        action="store_true",
+        help="predict every run again with this checkout's simulator (into a temporary folder)",
+    )
+    parser.add_argument("--config", default="config/config.yaml")
+    parser.add_argument(
+        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prometheus", help="a running Prometheus holding the real runs' series")
     source.add_argument("--tsdb", type=Path, help="its data directory (default: the results')")
     args = parser.parse_args()
-    if args.prometheus:
-        rows = compare(args.results, args.prometheus)
-    else:
-        tsdb = args.tsdb or args.results / "deployments" / "_prometheus" / "data"
-        with private_prometheus(tsdb) as url:
-            rows = compare(args.results, url)
+    with contextlib.ExitStack() as stack:
+        predicted = None
+        if args.repredict:
+            predicted = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            repredict(args.results, load_config(args.config, args.configfile), predicted)
+        if args.prometheus:
+            rows = compare(args.results, args.prometheus, predicted)
+        else:
+            tsdb = args.tsdb or args.results / "deployments" / "_prometheus" / "data"
+            url = stack.enter_context(private_prometheus(tsdb))
+            rows = compare(args.results, url, predicted)
     columns = list(rows[0])
     print(" | ".join(columns))
     for row in rows:

@@ -375,6 +375,8 @@ def test_a_predicted_run_is_byte_identical_on_rerun(
         )
         assert record["status"] == "ok"
         assert record["sim"]["step_cost"] == TRUE.coefficients()
+        # matched chunking: some steps only prefill, and V1's step counter leaves them out
+        assert 0 < record["sim"]["steps_with_output"] < record["sim"]["iterations"]
         outputs.append(
             [(out / n).read_bytes() for n in ("requests.parquet", "scrape.parquet", "run.json")]
         )
@@ -421,6 +423,32 @@ def test_v1_charges_only_the_uncached_tokens_to_its_budget_and_samples_partial_p
     warm = _prefill_passes(sim.model, recorder, "b", second)
     # 768 tokens (6 blocks of 128, BOS included) served from the cache: 257 left, 256 + 1
     assert [int(p[1]) for p in warm] == [256, 1]
+
+
+def test_v1_counts_as_output_steps_only_those_that_emit_a_token() -> None:
+    """V1's `vllm:iteration_tokens_total` counts a step only when it emits a token (the front end
+    makes IterationStats for a batch of outputs only): a lone 1,025-token prompt at 256 tokens a
+    step takes five steps to its first token, of which one emits, then one a token."""
+    sim = on_the_cpu(TRUE, [*BASE_FLAGS, "--max-num-batched-tokens=256"])
+    model = sim.model
+    model.add_request("a", np.arange(1000, 2024, dtype=np.int64), 3, 0.0)
+    steps, now = 0, 0.0
+    for _ in range(50):  # bounded
+        if not model.has_work():
+            break
+        now = model.step(now).end_s
+        steps += 1
+    assert steps == 5 + 2  # 256 x 4 + 1, then two decode steps
+    assert model.steps_with_output == 1 + 2
+    # without chunking the prompt's one step emits: every step counts
+    whole = on_the_cpu(TRUE).model
+    whole.add_request("a", np.arange(1000, 2024, dtype=np.int64), 3, 0.0)
+    now = 0.0
+    for _ in range(50):  # bounded
+        if not whole.has_work():
+            break
+        now = whole.step(now).end_s
+    assert whole.steps_with_output == 3
 
 
 def _admitting_steps(sim_model: Any, prompts: list[np.ndarray]) -> tuple[list[int], list[float]]:

@@ -415,6 +415,11 @@ def simulate_run_files(
             },
             "faults": [dict(f) for f in faults],
             "engine_crashed": outcome.crashed,
+            **(
+                {"steps_with_output": int(steps)}
+                if (steps := getattr(sim.model, "steps_with_output", None)) is not None
+                else {}
+            ),
             "preemptions": int(getattr(sim.model, "num_preemptions", 0)),
             "retractions": int(getattr(sim.model, "num_retractions", 0)),
             "final_metrics": {k: stats[k] for k in sorted(stats)},

@@ -130,6 +130,13 @@ class VllmModel(EngineModel):
         self.generation_tokens_total = 0
         self.hit_queries = 0
         self.hit_hits = 0
+        # Steps that emitted a token: the steps V1 counts in `vllm:iteration_tokens_total`. A
+        # step of partial prefill chunks alone has no request output, and the front end makes
+        # IterationStats only for a batch of outputs (`IterationStats() if (log_stats and
+        # num_outputs) else None` in vllm/v1/engine/async_llm.py, AsyncLLM's output_handler;
+        # outputs only for requests with new tokens in vllm/v1/core/sched/scheduler.py,
+        # Scheduler.update_from_output; both at 0.32.0)
+        self.steps_with_output = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -593,6 +600,8 @@ class VllmModel(EngineModel):
                 self._join_decode(r)
         self.prompt_tokens_total += scheduled
         self.generation_tokens_total += n_dec + len(completing)
+        if n_dec or completing:
+            self.steps_with_output += 1
         if chunks and n_dec:
             kind = "mixed"
         elif chunks:
