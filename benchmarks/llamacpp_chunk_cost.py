@@ -1,0 +1,126 @@
+"""A prompt in one llama_decode call or in 256-token calls, measured side by side (issue 26;
+docs/simulator.md, "A sixth measurement").
+
+    .venv/bin/python benchmarks/llamacpp_chunk_cost.py [--tokens 128 256 512 1024 1536]
+        [--cycles 6] [--out OUT.json]
+
+On two measurements the CPU platform, one linear step model fitted to both arms' floors, priced
+llama-server's unchunked prompts (vendor defaults: `--batch-size` 2048, so a whole prompt is one
+`llama_decode` call, split by llama.cpp into micro-batches of `--ubatch-size` 512) low against its
+chunked ones (matched: `--batch-size=256`, so one call per 256 tokens). But each arm's floor ran
+in its own deployment, minutes apart, and this machine's speed moves on that scale. This measures
+the two settings interleaved: two llama-servers with the CPU pair's flags, the second with
+`--batch-size=256`, both pinned to core 1 (one computes at a time), the client on core 0. Each
+cycle sends, for every prompt length in a shuffled order, one fresh prompt (random ids, no prefix
+any server has seen) with one output token to each server, in an order that alternates by cycle.
+Read per request: the server's own `prompt_ms` (its forward passes of the prompt, no HTTP) and
+its `llama_decode` calls (`llamacpp:n_decode_total` before and after).
+
+Printed per prompt length: each setting's median `prompt_ms` and calls, and the ratio of the
+chunked to the unchunked time. A ratio below 1 means the unchunked call costs more for the same
+tokens, beyond the chunked setting's extra calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_engine import machine
+from parallel_sampling import CLIENT_CORE, decode_calls, served_llama
+
+TOKENS = (128, 256, 512, 1024, 1536)
+SETTINGS = {"unchunked": (), "chunked-256": ("--batch-size=256",)}
+TOKEN_RANGE = (1000, 100_000)  # ordinary ids of the Llama-3 vocabulary (128,256)
+TIMEOUT_S = 60.0
+
+
+def one_prompt(url: str, prompt: list[int]) -> tuple[float, float]:
+    """(prompt_ms, llama_decode calls) of one 1-token completion of `prompt`."""
+    before = decode_calls(url, "llamacpp")
+    response = httpx.post(
+        url + "/completion",
+        json={"prompt": prompt, "n_predict": 1, "temperature": 0.0, "cache_prompt": False},
+        timeout=TIMEOUT_S,
+    )
+    response.raise_for_status()
+    after = decode_calls(url, "llamacpp")
+    assert before is not None and after is not None
+    return float(response.json()["timings"]["prompt_ms"]), after - before
+
+
+def measure(tokens: tuple[int, ...], cycles: int) -> dict[str, Any]:
+    os.sched_setaffinity(0, {CLIENT_CORE})
+    rng = random.Random(0)
+    samples: dict[str, dict[int, list[tuple[float, float]]]] = {
+        name: {n: [] for n in tokens} for name in SETTINGS
+    }
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for name, flags in SETTINGS.items():
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            urls[name] = stack.enter_context(served_llama(folder, flags)).url
+        for url in urls.values():  # two long prompts each first: not counted
+            for _ in range(2):
+                one_prompt(url, [rng.randrange(*TOKEN_RANGE) for _ in range(1024)])
+        for cycle in range(cycles):
+            order = list(tokens)
+            rng.shuffle(order)
+            names = list(SETTINGS) if cycle % 2 == 0 else list(reversed(SETTINGS))
+            for n in order:
+                prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+                for name in names:
+                    samples[name][n].append(one_prompt(urls[name], prompt))
+            print(f"cycle {cycle + 1} of {cycles} done", flush=True)
+    rows = []
+    for n in tokens:
+        row: dict[str, Any] = {"tokens": n}
+        for name in SETTINGS:
+            values = samples[name][n]
+            row[name] = {
+                "prompt_ms": round(statistics.median(v for v, _ in values), 2),
+                "calls": statistics.median(c for _, c in values),
+                "prompt_ms_by_cycle": [round(v, 2) for v, _ in values],
+            }
+        row["chunked_over_unchunked"] = round(
+            row["chunked-256"]["prompt_ms"] / row["unchunked"]["prompt_ms"], 3
+        )
+        rows.append(row)
+    return {"settings": {k: list(v) for k, v in SETTINGS.items()}, "cycles": cycles, "rows": rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--cycles", type=int, default=6)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    print(json.dumps(machine()))
+    result = measure(tuple(args.tokens), args.cycles)
+    print(
+        f"{'tokens':>6} {'unchunked ms':>12} {'calls':>5} {'chunked ms':>10} {'calls':>5} {'÷':>6}"
+    )
+    for row in result["rows"]:
+        a, b = row["unchunked"], row["chunked-256"]
+        print(
+            f"{row['tokens']:6d} {a['prompt_ms']:12.2f} {a['calls']:5.0f} {b['prompt_ms']:10.2f} "
+            f"{b['calls']:5.0f} {row['chunked_over_unchunked']:6.3f}"
+        )
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine(), **result}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
