@@ -1,9 +1,10 @@
-"""Does a lone request take longer after the engine has idled? (issue 26; docs/simulator.md,
-"A sixth look: light load")
+"""Does a lone request take longer after the engine has idled? (issue 26;
+docs/benchmarks/sim-vs-real.md, "Light load on the fifth measurement")
 
     .venv/bin/python benchmarks/idle_wake_cost.py [--engine llamacpp|vllm] [--idle 0 0.1 1]
         [--cycles 3] [--requests 8] [--fresh-tokens 512] [--engine-flag=FLAG ...]
         [--out OUT.json]
+    .venv/bin/python benchmarks/idle_wake_cost.py --from OUT.json
 
 The CPU platform is fitted from the floor, a closed-loop chain of single requests: each is sent
 as soon as the one before it ends, so the engine never idles between them. In a loaded run at
@@ -17,8 +18,11 @@ the fresh tokens. Two fresh sizes tell a fixed wake-up cost from a slower pass. 
 each request the client sleeps the setting's idle time; the settings are interleaved in a
 shuffled order over `--cycles` cycles, `--requests` each.
 
-Printed per idle time: the median client latency (and each cycle's) and, for llama-server, the server's own
-`timings.prompt_ms` (its forward passes of the prompt, no HTTP), each as a ratio to idle 0.
+Printed per idle time: the median client latency (and each cycle's) and, for llama-server, the
+server's own `timings.prompt_ms` (its forward passes of the prompt, no HTTP), each as a ratio to
+idle 0; then in how many cycles the first idle setting (0) had the lowest median, and how many
+cycle medians after `LONG_IDLE_S` or more lie above that cycle's first setting. `--from` prints
+a kept result again without measuring.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ FRESH_TOKENS = 512
 TIMEOUT_S = 60.0
 IDLE_S = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
 TOKEN_RANGE = (1000, 100_000)  # ordinary ids of the Llama-3 vocabulary (128,256)
+LONG_IDLE_S = 0.3
 
 
 def one_request(client: httpx.Client, prompt: list[int]) -> tuple[float, float | None]:
@@ -129,6 +134,24 @@ def measure(
     }
 
 
+def cycle_counts(result: dict[str, Any]) -> dict[str, int]:
+    """Cycle by cycle, against the first setting's median (idle 0): the cycles where it is the
+    lowest of all settings, and the long-idle settings' medians above it (of how many)."""
+    rows = result["rows"]
+    base = rows[0]["latency_ms_by_cycle"]
+    long_rows = [r["latency_ms_by_cycle"] for r in rows if r["idle_s"] >= LONG_IDLE_S]
+    lowest = sum(
+        base[c] == min(r["latency_ms_by_cycle"][c] for r in rows) for c in range(len(base))
+    )
+    above = sum(row[c] > base[c] for row in long_rows for c in range(len(base)))
+    return {
+        "cycles": len(base),
+        "first_setting_lowest": lowest,
+        "long_idle_above": above,
+        "long_idle_cycle_medians": len(long_rows) * len(base),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
@@ -138,16 +161,20 @@ def main() -> int:
     parser.add_argument("--fresh-tokens", type=int, default=FRESH_TOKENS)
     parser.add_argument("--engine-flag", action="append", default=[], dest="flags")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--from", type=Path, dest="kept", help="print a kept result again")
     args = parser.parse_args()
-    print(json.dumps(machine()))
-    result = measure(
-        args.engine,
-        tuple(args.idle),
-        args.cycles,
-        args.requests,
-        tuple(args.flags),
-        args.fresh_tokens,
-    )
+    if args.kept:
+        result = json.loads(args.kept.read_text(encoding="utf-8"))
+    else:
+        print(json.dumps(machine()))
+        result = measure(
+            args.engine,
+            tuple(args.idle),
+            args.cycles,
+            args.requests,
+            tuple(args.flags),
+            args.fresh_tokens,
+        )
     print(f"{'idle s':>7} {'n':>4} {'latency ms':>11} {'ratio':>6} {'prompt_ms':>10} {'ratio':>6}")
     for row in result["rows"]:
         print(
@@ -155,7 +182,13 @@ def main() -> int:
             f"{row['latency_ratio']:6.3f} {row.get('prompt_ms', float('nan')):10.2f} "
             f"{row.get('prompt_ratio', float('nan')):6.3f}  by cycle {row['latency_ms_by_cycle']}"
         )
-    if args.out:
+    counts = cycle_counts(result)
+    print(
+        f"idle {result['rows'][0]['idle_s']:g} s lowest in {counts['first_setting_lowest']} of "
+        f"{counts['cycles']} cycles; after {LONG_IDLE_S:g} s or more, {counts['long_idle_above']} "
+        f"of {counts['long_idle_cycle_medians']} cycle medians above it"
+    )
+    if args.out and not args.kept:
         args.out.write_text(json.dumps({"machine": machine(), **result}, indent=1) + "\n")
     return 0
 

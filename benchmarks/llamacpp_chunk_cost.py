@@ -2,7 +2,8 @@
 docs/simulator.md, "A sixth measurement").
 
     .venv/bin/python benchmarks/llamacpp_chunk_cost.py [--tokens 128 256 512 1024 1536]
-        [--cycles 6] [--out OUT.json]
+        [--cycles 6] [--out OUT.json] [--platform cpu_platform.json]
+    .venv/bin/python benchmarks/llamacpp_chunk_cost.py --from OUT.json [--platform ...]
 
 On two measurements the CPU platform, one linear step model fitted to both arms' floors, priced
 llama-server's unchunked prompts (vendor defaults: `--batch-size` 2048, so a whole prompt is one
@@ -16,9 +17,14 @@ any server has seen) with one output token to each server, in an order that alte
 Read per request: the server's own `prompt_ms` (its forward passes of the prompt, no HTTP) and
 its `llama_decode` calls (`llamacpp:n_decode_total` before and after).
 
-Printed per prompt length: each setting's median `prompt_ms` and calls, and the ratio of the
-chunked to the unchunked time. A ratio below 1 means the unchunked call costs more for the same
-tokens, beyond the chunked setting's extra calls.
+Printed per prompt length: each setting's median `prompt_ms` and calls, the ratio of the
+chunked to the unchunked time, and in how many of the pairs (the same prompt to both) the
+chunked setting was faster. A ratio below 1 means the unchunked call costs more for the same
+tokens, beyond the chunked setting's extra calls. With `--platform` (a CPU platform file,
+`results/sim_vs_real/platform.json` or a kept `cpu_platform-*.json`), also what its llama.cpp step
+model gives for the same ratio: a pass per micro-batch (`UBATCH`), `step_s` + `per_token_s` ·
+tokens + `per_attn_pair_s` · attention pairs. `--from` prints a kept result again without
+measuring.
 """
 
 from __future__ import annotations
@@ -40,10 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp_engine import machine
 from parallel_sampling import CLIENT_CORE, decode_calls, served_llama
 
+from servelab.sim.cpu_fit import read_step_costs
+from servelab.sim.cpu_platform import StepCost
+
 TOKENS = (128, 256, 512, 1024, 1536)
 SETTINGS = {"unchunked": (), "chunked-256": ("--batch-size=256",)}
 TOKEN_RANGE = (1000, 100_000)  # ordinary ids of the Llama-3 vocabulary (128,256)
 TIMEOUT_S = 60.0
+# micro-batch of each setting: llama.cpp's --ubatch-size, 512 by default and at most --batch-size
+UBATCH = {"unchunked": 512, "chunked-256": 256}
 
 
 def one_prompt(url: str, prompt: list[int]) -> tuple[float, float]:
@@ -100,24 +111,64 @@ def measure(tokens: tuple[int, ...], cycles: int) -> dict[str, Any]:
     return {"settings": {k: list(v) for k, v in SETTINGS.items()}, "cycles": cycles, "rows": rows}
 
 
+def model_prompt_s(cost: StepCost, tokens: int, ubatch: int) -> float:
+    """A fresh prompt's forward passes on the step model, one pass a micro-batch."""
+    total, context = 0.0, 0
+    while context < tokens:
+        n = min(ubatch, tokens - context)
+        pairs = n * context + n * (n + 1) / 2
+        total += cost.step_s + cost.per_token_s * n + cost.per_attn_pair_s * pairs
+        context += n
+    return total
+
+
+def summarize(result: dict[str, Any], cost: StepCost | None) -> None:
+    """Add to each row the pairs in which the chunked setting was faster, and with `cost` the
+    step model's chunked ÷ unchunked."""
+    for row in result["rows"]:
+        pairs = zip(
+            row["unchunked"]["prompt_ms_by_cycle"],
+            row["chunked-256"]["prompt_ms_by_cycle"],
+            strict=True,
+        )
+        row["chunked_faster_pairs"] = sum(b < a for a, b in pairs)
+        if cost is not None:
+            n = row["tokens"]
+            row["model_chunked_over_unchunked"] = round(
+                model_prompt_s(cost, n, UBATCH["chunked-256"])
+                / model_prompt_s(cost, n, UBATCH["unchunked"]),
+                3,
+            )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     parser.add_argument("--cycles", type=int, default=6)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--platform", type=Path, help="a CPU platform file: its model's ratio")
+    parser.add_argument("--from", type=Path, dest="kept", help="print a kept result again")
     args = parser.parse_args()
-    print(json.dumps(machine()))
-    result = measure(tuple(args.tokens), args.cycles)
+    cost = read_step_costs(args.platform)["llamacpp"] if args.platform else None
+    if args.kept:
+        result = json.loads(args.kept.read_text(encoding="utf-8"))
+    else:
+        print(json.dumps(machine()))
+        result = measure(tuple(args.tokens), args.cycles)
+    summarize(result, cost)
     print(
-        f"{'tokens':>6} {'unchunked ms':>12} {'calls':>5} {'chunked ms':>10} {'calls':>5} {'÷':>6}"
+        f"{'tokens':>6} {'unchunked ms':>12} {'calls':>5} {'chunked ms':>10} {'calls':>5} "
+        f"{'÷':>6} {'faster':>6} {'model ÷':>7}"
     )
     for row in result["rows"]:
         a, b = row["unchunked"], row["chunked-256"]
         print(
             f"{row['tokens']:6d} {a['prompt_ms']:12.2f} {a['calls']:5.0f} {b['prompt_ms']:10.2f} "
-            f"{b['calls']:5.0f} {row['chunked_over_unchunked']:6.3f}"
+            f"{b['calls']:5.0f} {row['chunked_over_unchunked']:6.3f} "
+            f"{row['chunked_faster_pairs']:3d}/{len(a['prompt_ms_by_cycle']):<2} "
+            f"{row.get('model_chunked_over_unchunked', '')!s:>7}"
         )
-    if args.out:
+    if args.out and not args.kept:
         args.out.write_text(json.dumps({"machine": machine(), **result}, indent=1) + "\n")
     return 0
 

@@ -36,10 +36,10 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
-from sim_vs_real_slowdown import predict_into
+from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
 
 from servelab.analysis.sim_vs_real import RunPair, compare_runs
-from servelab.grid.config import analysis_settings, conditions, load_config
+from servelab.grid.config import analysis_settings, conditions
 from servelab.sim.cpu_fit import WARMUP_ROWS, FloorRun, WarmupRows, fit_step_cost
 
 
@@ -139,13 +139,10 @@ def main() -> int:
         action="append",
         help="RULE or ENGINE=RULE,ENGINE=RULE (default: each rule for every engine)",
     )
-    parser.add_argument("--config", default="config/config.yaml")
-    parser.add_argument(
-        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
-    )
+    add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    config = load_config(args.config, args.configfile)
+    config = config_of(args)
     runs = floor_runs(args.results)
     engines = sorted({r.engine for r in runs})
     if not engines or not loaded_runs(args.results):

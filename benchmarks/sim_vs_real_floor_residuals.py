@@ -14,7 +14,9 @@ coefficients, and prints per floor run, in the order the runs were made (UTC sta
 - the median observed and predicted time to first token of its single requests, and their
   ratio (predicted ÷ observed);
 - the same for its single requests' inter-token gaps (each request's median gap) and for its
-  warm-ups' gaps, the fit's only passes of several sequences.
+  warm-ups' gaps, the fit's only passes of several sequences;
+then, per engine and arm, the median of its floor runs' TTFT ratios (`by_arm` in `--json`): a
+direction that the pooled fit gives one arm's floor and not the other's.
 
 Nothing is fitted here: the coefficients are the platform file's.
 """
@@ -34,8 +36,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
+from sim_vs_real_slowdown import add_config_arguments, config_of
 
-from servelab.grid.config import load_config
 from servelab.sim.cpu_fit import FloorRun, floor_rows, read_step_costs
 from servelab.sim.cpu_platform import StepCost
 
@@ -93,19 +95,25 @@ def residuals(run: FloorRun, cost: StepCost, config: dict[str, Any]) -> dict[str
     }
 
 
+def by_arm(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """ENGINE/ARM -> the median TTFT ratio of its floor runs."""
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["ttft"] is not None:
+            ratios[f"{r['engine']}/{r['arm']}"].append(r["ttft"]["ratio"])
+    return {k: round(float(np.median(v)), 3) for k, v in sorted(ratios.items())}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--platform", type=Path, help="default: RESULTS/sim_vs_real/platform.json")
-    parser.add_argument("--config", default="config/config.yaml")
-    parser.add_argument(
-        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
-    )
+    add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    config = load_config(args.config, args.configfile)
+    config = config_of(args)
     platform = args.platform or args.results / "sim_vs_real" / "platform.json"
     if not platform.is_file():
         raise SystemExit(f"{platform}: no platform file (run `make sim-vs-real` first)")
@@ -130,8 +138,12 @@ def main() -> int:
             + "  ".join(f"{c:15}" for c in cells)
         )
     print("(predicted ÷ observed, the observed median in ms in brackets)")
+    arms = by_arm(out)
+    for name, ratio in arms.items():
+        print(f"{name:20} median TTFT ÷ over its floor runs: {ratio}")
     if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        record = {"runs": out, "by_arm": arms}
+        args.json.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

@@ -50,10 +50,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real_slowdown import predict_into
+from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
 
 from servelab.deploy.processes import free_port
-from servelab.grid.config import load_config
 
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -202,10 +201,7 @@ def main() -> int:
         action="store_true",
         help="predict every run again with this checkout's simulator (into a temporary folder)",
     )
-    parser.add_argument("--config", default="config/config.yaml")
-    parser.add_argument(
-        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
-    )
+    add_config_arguments(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prometheus", help="a running Prometheus holding the real runs' series")
     source.add_argument("--tsdb", type=Path, help="its data directory (default: the results')")
@@ -214,7 +210,7 @@ def main() -> int:
         predicted = None
         if args.repredict:
             predicted = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            repredict(args.results, load_config(args.config, args.configfile), predicted)
+            repredict(args.results, config_of(args), predicted)
         if args.prometheus:
             rows = compare(args.results, args.prometheus, predicted)
         else:

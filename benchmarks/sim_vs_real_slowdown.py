@@ -64,6 +64,21 @@ def x_matching_slowdown(real_x: float, rows: list[dict[str, Any]]) -> float | No
     return round(float(np.interp(real_x, xs[order], scales[order])), 3)
 
 
+SIM_VS_REAL_CONFIGFILES = ["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config` and `--configfile`, as `make sim-vs-real` passes them (a benchmark that predicts
+    or replays runs reads the workflow's configuration the same way)."""
+    parser.add_argument("--config", default="config/config.yaml")
+    parser.add_argument("--configfile", nargs="+", default=SIM_VS_REAL_CONFIGFILES)
+
+
+def config_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration `add_config_arguments`' arguments name."""
+    return load_config(args.config, args.configfile)
+
+
 def predict_into(
     results: Path, config: dict[str, Any], run: str, platform_path: Path, out: Path
 ) -> None:
@@ -121,13 +136,10 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--run", nargs="+", required=True, help="ARM/ENGINE/CONDITION/REP ...")
     parser.add_argument("--scale", type=float, nargs="+", default=[0.9, 1.0, 1.1, 1.2, 1.3])
-    parser.add_argument("--config", default="config/config.yaml")
-    parser.add_argument(
-        "--configfile", nargs="+", default=["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
-    )
+    add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    config = load_config(args.config, args.configfile)
+    config = config_of(args)
     runs = []
     for run in args.run:
         result = predict_scaled(run, args.results, config, args.scale)

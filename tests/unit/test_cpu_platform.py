@@ -429,26 +429,23 @@ def test_v1_counts_as_output_steps_only_those_that_emit_a_token() -> None:
     """V1's `vllm:iteration_tokens_total` counts a step only when it emits a token (the front end
     makes IterationStats for a batch of outputs only): a lone 1,025-token prompt at 256 tokens a
     step takes five steps to its first token, of which one emits, then one a token."""
-    sim = on_the_cpu(TRUE, [*BASE_FLAGS, "--max-num-batched-tokens=256"])
-    model = sim.model
-    model.add_request("a", np.arange(1000, 2024, dtype=np.int64), 3, 0.0)
-    steps, now = 0, 0.0
-    for _ in range(50):  # bounded
-        if not model.has_work():
-            break
-        now = model.step(now).end_s
-        steps += 1
-    assert steps == 5 + 2  # 256 x 4 + 1, then two decode steps
-    assert model.steps_with_output == 1 + 2
+
+    def served_alone(flags: list[str]) -> tuple[int, int]:
+        """(steps, steps with output) of the one request served to its end."""
+        model = on_the_cpu(TRUE, flags).model
+        model.add_request("a", np.arange(1000, 2024, dtype=np.int64), 3, 0.0)
+        steps, now = 0, 0.0
+        for _ in range(50):  # bounded
+            if not model.has_work():
+                break
+            now = model.step(now).end_s
+            steps += 1
+        return steps, model.steps_with_output
+
+    # 256 x 4 + 1 to the first token, then two decode steps; the partial chunks emit nothing
+    assert served_alone([*BASE_FLAGS, "--max-num-batched-tokens=256"]) == (5 + 2, 1 + 2)
     # without chunking the prompt's one step emits: every step counts
-    whole = on_the_cpu(TRUE).model
-    whole.add_request("a", np.arange(1000, 2024, dtype=np.int64), 3, 0.0)
-    now = 0.0
-    for _ in range(50):  # bounded
-        if not whole.has_work():
-            break
-        now = whole.step(now).end_s
-    assert whole.steps_with_output == 3
+    assert served_alone(BASE_FLAGS) == (3, 3)
 
 
 def _admitting_steps(sim_model: Any, prompts: list[np.ndarray]) -> tuple[list[int], list[float]]:
