@@ -21,16 +21,18 @@ Printed per prompt length: each setting's median `prompt_ms` and calls, the rati
 chunked to the unchunked time, and in how many of the pairs (the same prompt to both) the
 chunked setting was faster. A ratio below 1 means the unchunked call costs more for the same
 tokens, beyond the chunked setting's extra calls. With `--platform` (a CPU platform file,
-`results/sim_vs_real/platform.json` or a kept `cpu_platform-*.json`), also what its llama.cpp step
-model gives for the same ratio: a pass per micro-batch (`UBATCH`), `step_s` + `per_token_s` ·
-tokens + `per_attn_pair_s` · attention pairs. `--from` prints a kept result again without
-measuring.
+`results/sim_vs_real/platform.json` or a kept `cpu_platform-*.json`, or the `--json` of
+benchmarks/sim_vs_real_fit_rules.py: its `gaps` variant's fit), also what its llama.cpp step
+model gives for the same ratio: the same fresh prompt through the simulated llama-server
+(`servelab.sim.llamacpp`, its micro-batches and calls) on the platform's step cost. `--from`
+prints a kept result again without measuring.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -41,20 +43,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_fit_stability import MODEL_PRESET
+from cpu_pair_engines import LLAMA_FLAGS
 from llamacpp_engine import machine
 from parallel_sampling import CLIENT_CORE, decode_calls, served_llama
+from sim_vs_real_fit_rules import step_costs_in
 
-from servelab.sim.cpu_fit import read_step_costs
 from servelab.sim.cpu_platform import StepCost
+from servelab.sim.run import build_engine
 
 TOKENS = (128, 256, 512, 1024, 1536)
 SETTINGS = {"unchunked": (), "chunked-256": ("--batch-size=256",)}
 TOKEN_RANGE = (1000, 100_000)  # ordinary ids of the Llama-3 vocabulary (128,256)
 TIMEOUT_S = 60.0
-# micro-batch of each setting: llama.cpp's --ubatch-size, 512 by default and at most --batch-size
-UBATCH = {"unchunked": 512, "chunked-256": 256}
+GPU_MEMORY_MIB = 24000  # config/cpu-pair.yaml's gpu.memory_mib: no bearing on llama.cpp's slots
 
 
 def one_prompt(url: str, prompt: list[int]) -> tuple[float, float]:
@@ -111,15 +116,30 @@ def measure(tokens: tuple[int, ...], cycles: int) -> dict[str, Any]:
     return {"settings": {k: list(v) for k, v in SETTINGS.items()}, "cycles": cycles, "rows": rows}
 
 
-def model_prompt_s(cost: StepCost, tokens: int, ubatch: int) -> float:
-    """A fresh prompt's forward passes on the step model, one pass a micro-batch."""
-    total, context = 0.0, 0
-    while context < tokens:
-        n = min(ubatch, tokens - context)
-        pairs = n * context + n * (n + 1) / 2
-        total += cost.step_s + cost.per_token_s * n + cost.per_attn_pair_s * pairs
-        context += n
-    return total
+def model_prompt_s(cost: StepCost, tokens: int, extra_flags: tuple[str, ...]) -> float:
+    """A fresh prompt of `tokens` ids on the simulated llama-server with the setting's flags and
+    the platform's step cost: the passes up to its first token, as llama-server's `prompt_ms`
+    counts them (no front end: `per_admitted_s` left out)."""
+    sim = build_engine(
+        engine="llamacpp",
+        flags=[*LLAMA_FLAGS, *extra_flags],
+        gpu_name="CPU",
+        gpu_memory_mib=GPU_MEMORY_MIB,
+        model_preset_name=MODEL_PRESET,
+        step_costs={"llamacpp": dataclasses.replace(cost, per_admitted_s=0.0)},
+    )
+    # The benchmark sends token ids, which llama-server takes as they are; the simulated one adds
+    # a BOS to a prompt as to text, so it gets one id fewer for the same count.
+    n = tokens - (1 if sim.model_preset.bos_token_id is not None else 0)
+    prompt = np.arange(TOKEN_RANGE[0], TOKEN_RANGE[0] + n, dtype=np.int64)
+    sim.model.add_request("prompt", prompt, 1, 0.0)
+    now = 0.0
+    for _ in range(10_000):  # bounded: one prompt's passes
+        it = sim.model.step(now)
+        now = it.end_s
+        if "prompt" in it.emitted:
+            return now
+    raise RuntimeError(f"the simulated llama-server gave no token for {tokens} tokens")
 
 
 def summarize(result: dict[str, Any], cost: StepCost | None) -> None:
@@ -135,8 +155,8 @@ def summarize(result: dict[str, Any], cost: StepCost | None) -> None:
         if cost is not None:
             n = row["tokens"]
             row["model_chunked_over_unchunked"] = round(
-                model_prompt_s(cost, n, UBATCH["chunked-256"])
-                / model_prompt_s(cost, n, UBATCH["unchunked"]),
+                model_prompt_s(cost, n, SETTINGS["chunked-256"])
+                / model_prompt_s(cost, n, SETTINGS["unchunked"]),
                 3,
             )
 
@@ -149,7 +169,7 @@ def main() -> int:
     parser.add_argument("--platform", type=Path, help="a CPU platform file: its model's ratio")
     parser.add_argument("--from", type=Path, dest="kept", help="print a kept result again")
     args = parser.parse_args()
-    cost = read_step_costs(args.platform)["llamacpp"] if args.platform else None
+    cost = step_costs_in(args.platform)["llamacpp"] if args.platform else None
     if args.kept:
         result = json.loads(args.kept.read_text(encoding="utf-8"))
     else:

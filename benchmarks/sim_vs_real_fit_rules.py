@@ -3,7 +3,7 @@ rules of the fit (issue 26; docs/simulator.md, "Against the real engines").
 
     .venv/bin/python benchmarks/sim_vs_real_fit_rules.py --results results \\
         [--variant gaps] [--variant gaps_and_ttft] [--variant none] \\
-        [--variant vllm_v1=gaps,llamacpp=none] \\
+        [--variant vllm_v1=gaps,llamacpp=none] [--without per_mask_cell_s per_mask_check_s] \\
         [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
 
 A variant names the warm-up rows of the fit (`servelab.sim.cpu_fit.WarmupRows`), for every
@@ -16,8 +16,10 @@ does) and compares them with the analysis's own reduction
 (`servelab.analysis.sim_vs_real.compare_runs`). It prints the goal checks met per engine and arm
 and the saturation ratios, and writes every variant's coefficients, fit errors and checks to
 `--json`. The `gaps` variant is the workflow's prediction: where `--results` holds a
-sim_vs_real.json, the script says whether its own summary is the same. Everything it predicts
-goes to a temporary folder; nothing under `--results` is written.
+sim_vs_real.json, the script says whether its own summary is the same. `--without` holds the
+named coefficients at 0 in every variant: the step model without those terms (with the mask
+terms named, the model before 2026-12-05). Everything it predicts goes to a temporary folder;
+nothing under `--results` is written.
 
 The variants are a comparison of calibration rules on a measurement that has been seen: a rule
 chosen by this score is fitted to the loaded runs, and must be checked on a measurement made
@@ -40,7 +42,8 @@ from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
 
 from servelab.analysis.sim_vs_real import RunPair, compare_runs
 from servelab.grid.config import analysis_settings, conditions
-from servelab.sim.cpu_fit import WARMUP_ROWS, FloorRun, WarmupRows, fit_step_cost
+from servelab.sim.cpu_fit import WARMUP_ROWS, FloorRun, WarmupRows, fit_step_cost, read_step_costs
+from servelab.sim.cpu_platform import StepCost
 
 
 def parse_variant(text: str, engines: list[str]) -> dict[str, WarmupRows]:
@@ -58,18 +61,40 @@ def parse_variant(text: str, engines: list[str]) -> dict[str, WarmupRows]:
 
 
 def fit_platform(
-    runs: list[FloorRun], rules: dict[str, WarmupRows], config: dict[str, Any]
+    runs: list[FloorRun],
+    rules: dict[str, WarmupRows],
+    config: dict[str, Any],
+    without: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The platform file's form (`write_cpu_platform`), each engine fitted on its rule, with the
-    workflow's GPU memory and model preset (the `cpu_platform` rule's params)."""
+    workflow's GPU memory and model preset (the `cpu_platform` rule's params), and `without`
+    those coefficients."""
     gpu_memory_mib, model_preset = int(config["gpu"]["memory_mib"]), config["model"]["preset"]
     engines: dict[str, Any] = {}
     for engine, rule in sorted(rules.items()):
         cost, report = fit_step_cost(
-            engine, runs, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset, warmup_rows=rule
+            engine,
+            runs,
+            gpu_memory_mib=gpu_memory_mib,
+            model_preset=model_preset,
+            warmup_rows=rule,
+            without=without,
         )
         engines[engine] = {"step_cost": cost.coefficients(), "fit": report}
     return {"model_preset": model_preset, "engines": engines}
+
+
+def step_costs_in(path: Path) -> dict[str, StepCost]:
+    """The step costs of a CPU platform file (`write_cpu_platform`), or of this script's `--json`
+    (its `gaps` variant's fit), for a benchmark that prices passes on either."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "variants" not in data:
+        return read_step_costs(path)
+    fitted = data["variants"]["gaps"]["coefficients"]
+    return {
+        engine: StepCost.from_mapping(engine, values, f"{path}: variants.gaps.coefficients")
+        for engine, values in fitted.items()
+    }
 
 
 def loaded_runs(results: Path) -> list[tuple[str, str, str, str]]:
@@ -139,6 +164,9 @@ def main() -> int:
         action="append",
         help="RULE or ENGINE=RULE,ENGINE=RULE (default: each rule for every engine)",
     )
+    parser.add_argument(
+        "--without", nargs="+", default=[], help="coefficients held at 0 in every variant"
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -148,11 +176,12 @@ def main() -> int:
     if not engines or not loaded_runs(args.results):
         raise SystemExit(f"{args.results}: no ok floor run or no loaded run to score")
     workflow = args.results / "sim_vs_real.json"
-    out: dict[str, Any] = {"results": str(args.results), "variants": {}}
+    without = tuple(args.without)
+    out: dict[str, Any] = {"results": str(args.results), "without": list(without), "variants": {}}
     for text in args.variant or list(WARMUP_ROWS):
         started = time.perf_counter()
         rules = parse_variant(text, engines)
-        platform = fit_platform(runs, rules, config)
+        platform = fit_platform(runs, rules, config, without)
         with tempfile.TemporaryDirectory(prefix="servelab-fit-rules-") as tmp:
             summary = score(platform, args.results, config, Path(tmp))
         result = tally(summary)

@@ -36,9 +36,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
+from sim_vs_real_fit_rules import step_costs_in
 from sim_vs_real_slowdown import add_config_arguments, config_of
 
-from servelab.sim.cpu_fit import FloorRun, floor_rows, read_step_costs
+from servelab.sim.cpu_fit import FloorRun, floor_rows
 from servelab.sim.cpu_platform import StepCost
 
 
@@ -109,7 +110,11 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--results", type=Path, default=Path("results"))
-    parser.add_argument("--platform", type=Path, help="default: RESULTS/sim_vs_real/platform.json")
+    parser.add_argument(
+        "--platform",
+        type=Path,
+        help="default: RESULTS/sim_vs_real/platform.json; or sim_vs_real_fit_rules.py's --json",
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -117,7 +122,7 @@ def main() -> int:
     platform = args.platform or args.results / "sim_vs_real" / "platform.json"
     if not platform.is_file():
         raise SystemExit(f"{platform}: no platform file (run `make sim-vs-real` first)")
-    costs = read_step_costs(platform)
+    costs = step_costs_in(platform)
     runs = [r for r in floor_runs(args.results) if r.engine in costs]
     if not runs:
         raise SystemExit(f"{args.results}: no ok floor run of an engine in {platform}")

@@ -66,23 +66,30 @@ def floor_trace(out: Path, sharing: float, tokens: int) -> Path:
     return out
 
 
-def simulate_floor(trace_dir: Path, out: Path, arm: str, cost: StepCost, warmups: int = 2) -> Path:
+def simulate_floor(
+    trace_dir: Path,
+    out: Path,
+    arm: str,
+    cost: StepCost,
+    warmups: int = 2,
+    flags: list[str] | None = None,
+) -> Path:
     """A floor run as the real engine would have written it, from the simulated engine on the
-    known step-time model."""
+    known step-time model (`cost.engine`; `flags`: the arm's, ARMS[arm] for vLLM)."""
     manifest = json.loads((trace_dir / "manifest.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     simulate_run_files(
         trace_path=trace_dir / "trace.parquet",
         manifest_path=trace_dir / "manifest.json",
         arm=arm,
-        engine="vllm_v1",
+        engine=cost.engine,
         condition=manifest["condition"],
         rep="rep1",
-        flags=ARMS[arm],
+        flags=ARMS[arm] if flags is None else flags,
         gpu_name="CPU",
         gpu_memory_mib=24000,
         model_preset=TINY,
-        deployment_id=f"{arm}-vllm-v1",
+        deployment_id=f"{arm}-{cost.engine}",
         warmup_requests=warmups,
         request_timeout_s=60.0,
         stream_interval=1,
@@ -94,7 +101,7 @@ def simulate_floor(trace_dir: Path, out: Path, arm: str, cost: StepCost, warmups
         requests_path=out / "requests.parquet",
         scrape_path=out / "scrape.parquet",
         run_json_path=out / "run.json",
-        step_costs={"vllm_v1": cost},
+        step_costs={cost.engine: cost},
     )
     return out
 
@@ -122,6 +129,20 @@ def test_the_step_cost_is_the_linear_model_it_names() -> None:
     assert cost.with_slowdown(2.0).iteration_time(
         tokens=100, seqs=3, sampled=2, attn_pairs=5000, kv_tokens=300, cuda_graph=False, admitted=1
     ) == pytest.approx(2 * t)
+
+
+def test_the_mask_terms_are_charged_and_a_mapping_from_before_them_reads_as_none() -> None:
+    before = {k: 1e-3 for k in COEFFICIENTS if k not in ("per_mask_cell_s", "per_mask_check_s")}
+    old = StepCost.from_mapping("llamacpp", before, "platform.json")
+    assert (old.per_mask_cell_s, old.per_mask_check_s) == (0.0, 0.0)
+    cost = StepCost.from_mapping(
+        "llamacpp", {**before, "per_mask_cell_s": 1e-8, "per_mask_check_s": 3e-8}, "platform.json"
+    )
+    pass_ = {"tokens": 4, "seqs": 1, "sampled": 1, "attn_pairs": 10, "kv_tokens": 4}
+    extra = cost.iteration_time(
+        **pass_, cuda_graph=False, mask_cells=1024, mask_checks=300
+    ) - old.iteration_time(**pass_, cuda_graph=False, mask_cells=1024, mask_checks=300)
+    assert extra == pytest.approx(1024 * 1e-8 + 300 * 3e-8)
 
 
 def test_one_pass_times_on_the_step_cost_charge_each_feature_of_the_pass() -> None:
@@ -189,6 +210,55 @@ def test_the_fit_recovers_a_known_step_model_from_the_floor_alone(
     assert 1 <= report["refits"] <= cpu_fit.MAX_REFITS
 
 
+# llama-server as the CPU pair runs it: four slots of 2,048 tokens, each its own KV stream.
+LLAMA_ARMS = {
+    "defaults": ["--ctx-size=8192", "--parallel=4", "--threads=1"],
+    "matched": ["--ctx-size=8192", "--parallel=4", "--threads=1", "--batch-size=256"],
+}
+TRUE_LLAMA = StepCost(
+    "llamacpp",
+    step_s=2.0e-3,
+    per_token_s=3.0e-6,
+    per_sampled_s=1.0e-3,
+    per_attn_pair_s=2.5e-8,
+    per_kv_token_s=0.0,
+    per_admitted_s=3.0e-3,
+    per_mask_cell_s=1.0e-8,
+    per_mask_check_s=2.0e-8,
+)
+
+
+def test_the_fit_recovers_llama_cpps_mask_terms_from_a_floor_of_both_arms(
+    tmp_path: Path,
+) -> None:
+    """The mask's cells and checks are told apart from the causal pairs by prompts past the
+    first padded 256 cells and by the arms' micro-batches (512 against 256 tokens)."""
+    runs = []
+    for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
+        trace = floor_trace(tmp_path / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
+        for arm, flags in LLAMA_ARMS.items():
+            out = tmp_path / "runs" / arm / f"s{sharing}-L{tokens}"
+            simulate_floor(trace, out, arm, TRUE_LLAMA, flags=flags)
+            runs.append(FloorRun(out, trace, "llamacpp", arm, tuple(flags)))
+    cost, report = fit_step_cost("llamacpp", runs, gpu_memory_mib=24000, model_preset=TINY)
+    for name in COEFFICIENTS:
+        assert getattr(cost, name) == pytest.approx(
+            getattr(TRUE_LLAMA, name), rel=0.02, abs=1e-10
+        ), name
+    assert report["ttft"]["median_abs_rel_error"] < 0.01
+    # held at 0 (a benchmark's model without the terms), the rest cannot make up for them
+    without = ("per_mask_cell_s", "per_mask_check_s")
+    before, worse = fit_step_cost(
+        "llamacpp", runs, gpu_memory_mib=24000, model_preset=TINY, without=without
+    )
+    assert (before.per_mask_cell_s, before.per_mask_check_s) == (0.0, 0.0)
+    assert worse["ttft"]["median_abs_rel_error"] > 0.01
+    with pytest.raises(ValueError, match="without per_mask_cells: not a coefficient"):
+        fit_step_cost(
+            "llamacpp", runs, gpu_memory_mib=24000, model_preset=TINY, without=["per_mask_cells"]
+        )
+
+
 def test_the_warm_ups_enter_the_fit_by_their_gaps_and_not_their_first_tokens(
     floor: tuple[Path, list[FloorRun]],
 ) -> None:
@@ -236,7 +306,7 @@ def test_equations_measured_beside_the_floor_enter_the_same_fit(
     """`extra` (benchmarks/cpu_fit_with_sweep.py's sweeps) joins the floor's equations: ones the
     true model satisfies keep the fit on it, and a contradicting one moves it."""
     _root, runs = floor
-    decode = [np.array([1.0, k, k, 0.0, k * 1100.0, 0.0]) for k in (2, 4, 8)]
+    decode = [np.array([1.0, k, k, 0.0, k * 1100.0, 0.0, 0.0, 0.0]) for k in (2, 4, 8)]
     true_time = [TRUE.decode_time(k, 1100, cuda_graph=False) for k in (2, 4, 8)]
     agreeing = [(f, t, "sweep") for f, t in zip(decode, true_time, strict=True)]
     cost, report = fit_step_cost(

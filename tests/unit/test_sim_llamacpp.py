@@ -161,6 +161,36 @@ def test_without_a_unified_kv_cache_micro_batches_take_equal_shares_of_consecuti
     assert [(c["tokens"], c["seqs"]) for c in cost.calls] == [(2, 2), (100, 1)]
 
 
+def test_each_pass_carries_its_attention_masks_cells_and_host_checks() -> None:
+    """llama.cpp's KQ mask: a row of the padded KV view (get_n_kv: used cells padded to 256, at
+    most the stream's) for every query token; the host tests all of a sequence's first row and,
+    for its later tokens, only its own new cells and up to 32 before them."""
+    m, cost = make(n_batch=2048, n_ubatch=512, unified=False, slots=2, n_ctx_slot=1024)
+    drive(m, [(0.0, "a", toks(599, 1000), 3)])  # 600 tokens with BOS: micro-batches of 512, 88
+    first, second, *decodes = cost.calls
+    assert (first["tokens"], second["tokens"]) == (512, 88)
+    assert first["mask_cells"] == 512 * 512  # 512 cells used: no padding beyond them
+    assert first["mask_checks"] == 512 + 511 * 512  # no cells before the micro-batch
+    assert second["mask_cells"] == 88 * 768  # 600 cells used, padded to 768
+    assert second["mask_checks"] == 768 + 87 * (88 + 32)
+    # a decode token at position 600 and 601: one row, all of it tested; the view stays at 768
+    assert [(c["mask_cells"], c["mask_checks"]) for c in decodes] == [(768, 768)] * 2
+    # at most the slot's own stream: 901 cells used pad to 1,024, and the stream has 1,000
+    m, cost = make(n_batch=2048, n_ubatch=512, unified=False, slots=2, n_ctx_slot=1000)
+    drive(m, [(0.0, "b", toks(900, 1000), 1)])
+    assert cost.calls[-1]["mask_cells"] == cost.calls[-1]["tokens"] * 1000
+    # one unchunked 1,024-token prompt costs more mask work than the same in 256-token passes
+    work = {}
+    for n_batch in (2048, 256):
+        m, cost = make(n_batch=n_batch, n_ubatch=512, unified=False, slots=2, n_ctx_slot=2048)
+        drive(m, [(0.0, "c", toks(1023, 1000), 1)])
+        work[n_batch] = (
+            sum(c["mask_cells"] for c in cost.calls),
+            sum(c["mask_checks"] for c in cost.calls),
+        )
+    assert work[2048][0] > work[256][0] and work[2048][1] > work[256][1]
+
+
 # ------------------------------------------------------------------------- slots and queue
 
 

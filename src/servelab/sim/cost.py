@@ -70,6 +70,8 @@ class _TimesIterations(Protocol):
         cuda_graph: bool,
         kv_repeat: float = 0.0,
         admitted: int = 0,
+        mask_cells: float = 0.0,
+        mask_checks: float = 0.0,
     ) -> float: ...
 
 
@@ -191,6 +193,8 @@ class CostModel(OnePassTimes):
         cuda_graph: bool,
         kv_repeat: float = 0.0,
         admitted: int = 0,
+        mask_cells: float = 0.0,
+        mask_checks: float = 0.0,
     ) -> float:
         """Seconds for one forward pass plus the engine's per-iteration overhead.
 
@@ -204,8 +208,10 @@ class CostModel(OnePassTimes):
         admitted: requests whose prefill starts in this pass. Its front-end work runs on the host
         beside the GPU, so the roofline does not charge it (the CPU platform does:
         servelab.sim.cpu_platform).
+        mask_cells, mask_checks: the host work of a pass's attention mask (servelab.sim.llamacpp,
+        `mask_work`); the roofline charges neither (the CPU platform does).
         """
-        del admitted
+        del admitted, mask_cells, mask_checks
         t_compute = (
             tokens * self._lin_flops_tok + sampled * self._head_flops_seq
         ) / self._gemm_rate

@@ -232,10 +232,13 @@ def fit_step_cost(
     model_preset: str,
     extra: Sequence[Equation] = (),
     warmup_rows: WarmupRows = "gaps",
+    without: Sequence[str] = (),
 ) -> tuple[StepCost, dict[str, Any]]:
     """The engine's StepCost from its floor runs (both arms pooled), and the fit's report.
     `extra`: equations measured beside the floor (benchmarks/cpu_fit_with_sweep.py), weighted
     as the floor's. `warmup_rows`: which of the warm-ups' times are rows (floor_rows).
+    `without`: coefficients held at 0, a model without those terms (for a benchmark's
+    comparison; the workflow fits every term).
 
     Each TTFT row and the median of each (run, request) ITL group enter once, weighted by
     1 / observed (least squares on relative error: a 4 ms gap and a 60 ms TTFT count alike).
@@ -247,11 +250,17 @@ def fit_step_cost(
     mine = [r for r in runs if r.engine == engine]
     if not mine:
         raise ValueError(f"fit of {engine}: no floor run of that engine")
-    cost, report = _fit_once(engine, mine, gpu_memory_mib, model_preset, None, extra, warmup_rows)
+    unknown = sorted(set(without) - set(COEFFICIENTS))
+    if unknown:
+        raise ValueError(f"fit of {engine}: without {', '.join(unknown)}: not a coefficient")
+    kept = np.array([name not in without for name in COEFFICIENTS])
+    cost, report = _fit_once(
+        engine, mine, gpu_memory_mib, model_preset, None, extra, warmup_rows, kept
+    )
     report["refits"] = 0
     for refit in range(1, MAX_REFITS + 1):
         again, again_report = _fit_once(
-            engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows
+            engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, kept
         )
         moved = max(
             abs(a - b) / max(abs(b), 1e-12)
@@ -274,6 +283,7 @@ def _fit_once(
     timing: StepCost | None,
     extra: Sequence[Equation] = (),
     warmup_rows: WarmupRows = "gaps",
+    kept: np.ndarray | None = None,
 ) -> tuple[StepCost, dict[str, Any]]:
     rows = [
         row
@@ -303,6 +313,8 @@ def _fit_once(
             f"fit of {engine}: {len(equations)} equations for {len(FEATURES)} coefficients"
         )
     x = np.stack([e[0] for e in equations])
+    if kept is not None:
+        x = x * kept  # a term held at 0: its column is empty, so nnls gives it 0
     y = np.array([e[1] for e in equations])
     weights = 1.0 / np.maximum(y, 1e-6)
     # Columns scaled to unit size so that nnls sees a well-conditioned problem.

@@ -15,6 +15,14 @@ engine,
             + per_admitted_s  · admitted      requests whose prefill starts in the step (the HTTP
                                               front end's tokenising and request set-up, on the
                                               same pinned core)
+            + per_mask_cell_s · mask_cells    cells of the pass's attention mask: query tokens ×
+                                              the KV view's length
+            + per_mask_check_s · mask_checks  mask cells the host tests one by one to fill it
+
+The last two are llama.cpp's (servelab.sim.llamacpp, `mask_work`, which cites them): its CPU
+flash attention reads a mask row of the whole padded KV view for every query token, so a
+prompt's unchunked micro-batch of 512 tokens does more of that work than two of 256. The other
+engines' models pass 0 for both.
 
 with `StepCost.iteration_time` the same method the engine models call on the L4 cost model, so the
 scheduling logic (`sim.vllm`, `sim.llamacpp`) is unchanged on it. Config `gpu.step_cost` holds the
@@ -36,7 +44,16 @@ from servelab.sim.cost import OnePassTimes
 __all__ = ["COEFFICIENTS", "FEATURES", "FeatureRecorder", "StepCost", "step_costs_from_config"]
 
 # The features of one forward pass, in the order of StepCost's coefficients.
-FEATURES = ("step", "tokens", "sampled", "attn_pairs", "kv_tokens", "admitted")
+FEATURES = (
+    "step",
+    "tokens",
+    "sampled",
+    "attn_pairs",
+    "kv_tokens",
+    "admitted",
+    "mask_cells",
+    "mask_checks",
+)
 COEFFICIENTS = (
     "step_s",
     "per_token_s",
@@ -44,14 +61,35 @@ COEFFICIENTS = (
     "per_attn_pair_s",
     "per_kv_token_s",
     "per_admitted_s",
+    "per_mask_cell_s",
+    "per_mask_check_s",
 )
+# Coefficients added after platform files and configs were written (2026-12-05): a mapping
+# without them is the model before them, with no mask terms.
+ADDED_COEFFICIENTS = ("per_mask_cell_s", "per_mask_check_s")
 
 
 def _features(
-    *, tokens: int, sampled: int, attn_pairs: float, kv_tokens: float, admitted: int
+    *,
+    tokens: int,
+    sampled: int,
+    attn_pairs: float,
+    kv_tokens: float,
+    admitted: int,
+    mask_cells: float,
+    mask_checks: float,
 ) -> np.ndarray:
     return np.array(
-        [1.0, float(tokens), float(sampled), float(attn_pairs), float(kv_tokens), float(admitted)]
+        [
+            1.0,
+            float(tokens),
+            float(sampled),
+            float(attn_pairs),
+            float(kv_tokens),
+            float(admitted),
+            float(mask_cells),
+            float(mask_checks),
+        ]
     )
 
 
@@ -67,6 +105,8 @@ class StepCost(OnePassTimes):
     per_attn_pair_s: float
     per_kv_token_s: float
     per_admitted_s: float
+    per_mask_cell_s: float = 0.0
+    per_mask_check_s: float = 0.0
     slowdown: float = 1.0
 
     def __post_init__(self) -> None:
@@ -79,10 +119,10 @@ class StepCost(OnePassTimes):
 
     @classmethod
     def from_mapping(cls, engine: str, values: Mapping[str, Any], where: str) -> StepCost:
-        missing = [k for k in COEFFICIENTS if k not in values]
+        missing = [k for k in COEFFICIENTS if k not in values and k not in ADDED_COEFFICIENTS]
         if missing:
             raise ValueError(f"{where}: missing {', '.join(missing)}")
-        return cls(engine, **{k: float(values[k]) for k in COEFFICIENTS})
+        return cls(engine, **{k: float(values[k]) for k in COEFFICIENTS if k in values})
 
     def coefficients(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in COEFFICIENTS}
@@ -107,6 +147,8 @@ class StepCost(OnePassTimes):
         cuda_graph: bool,
         kv_repeat: float = 0.0,
         admitted: int = 0,
+        mask_cells: float = 0.0,
+        mask_checks: float = 0.0,
     ) -> float:
         """Seconds for one forward pass (arguments as `sim.cost.CostModel.iteration_time`; `seqs`,
         `cuda_graph` and `kv_repeat` carry nothing on a CPU: no graphs, no cache hierarchy the
@@ -114,6 +156,8 @@ class StepCost(OnePassTimes):
         del seqs, cuda_graph, kv_repeat
         t = (
             self.step_s
+            + self.per_mask_cell_s * mask_cells
+            + self.per_mask_check_s * mask_checks
             + self.per_token_s * tokens
             + self.per_sampled_s * sampled
             + self.per_attn_pair_s * attn_pairs
@@ -158,6 +202,8 @@ class FeatureRecorder:
         cuda_graph: bool,
         kv_repeat: float = 0.0,
         admitted: int = 0,
+        mask_cells: float = 0.0,
+        mask_checks: float = 0.0,
     ) -> float:
         del kv_repeat
         self.calls.append(
@@ -167,6 +213,8 @@ class FeatureRecorder:
                 attn_pairs=attn_pairs,
                 kv_tokens=kv_tokens,
                 admitted=admitted,
+                mask_cells=mask_cells,
+                mask_checks=mask_checks,
             )
         )
         if self.timing is not None:
@@ -178,5 +226,7 @@ class FeatureRecorder:
                 kv_tokens=kv_tokens,
                 cuda_graph=cuda_graph,
                 admitted=admitted,
+                mask_cells=mask_cells,
+                mask_checks=mask_checks,
             )
         return self.duration_s

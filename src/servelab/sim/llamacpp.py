@@ -623,11 +623,13 @@ class LlamacppModel(EngineModel):
     def _decode_time(self, sub: list[tuple[_Seg, int, int]]) -> float:
         """One llama_decode call: one forward pass per micro-batch, summed (llama.cpp 0c1e570
         (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp, llama_context::decode,
-        process_ubatch)."""
+        process_ubatch). Each pass also carries its attention mask's work (`mask_work`)."""
         total = 0.0
+        stored = sum(s.kv for s in self.slots)
         for ub in self._micro_batches(sub):
             tokens = sampled = admitted = 0
             pairs = kv = 0.0
+            runs: list[tuple[int, int]] = []  # (first position, tokens) of each sequence
             for g, a, k in ub:
                 tokens += k
                 if g.output and a + k == g.n:
@@ -636,10 +638,13 @@ class LlamacppModel(EngineModel):
                     st = g.pos0 + a
                     pairs += k * st + k * (k + 1) / 2
                     kv += st + k
+                    runs.append((st, k))
                     if g.admitted and a == 0:
                         admitted += 1
                 else:
                     kv += g.pos0 + 1
+                    runs.append((g.pos0, 1))
+            cells, checks = self.mask_work(runs, stored)
             total += self.cost.iteration_time(
                 tokens=tokens,
                 seqs=len(ub),
@@ -648,8 +653,40 @@ class LlamacppModel(EngineModel):
                 kv_tokens=kv,
                 cuda_graph=False,
                 admitted=admitted,
+                mask_cells=cells,
+                mask_checks=checks,
             )
         return total
+
+    def mask_work(self, runs: list[tuple[int, int]], stored: int) -> tuple[float, float]:
+        """A pass's attention-mask work, for its sequences' (first position, tokens) `runs`:
+        (cells, checks). Cells: every query token's mask row of `n_kv_view` cells, which the CPU
+        flash attention reads for every KV tile, masked or not, before it skips a tile wholly
+        masked (llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36),
+        ggml/src/ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_tiled). Checks: the cells
+        the host tests one by one (empty, sequence, position) to fill that mask
+        (src/llama-kv-cache.cpp, set_input_kq_mask_impl): all n_kv for a sequence's first token,
+        then for each later token of it only the cells it recorded, those from 32 positions
+        before the pass's first on (its own new tokens and up to 32 before them)."""
+        used = max((st + k for st, k in runs), default=1)
+        n_kv = self.n_kv_view(max(used, stored) if self.unified else used)
+        tokens = sum(k for _st, k in runs)
+        checks = sum(n_kv + (k - 1) * (k + min(32, st)) for st, k in runs)
+        return float(tokens * n_kv), float(checks)
+
+    def n_kv_view(self, used: int) -> int:
+        """The length of the KV view a pass attends over, when its streams' cells are used up to
+        `used`: llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36), src/llama-kv-cache.cpp,
+        llama_kv_cache::get_n_kv: used_max_p1 padded to max(n_pad, 256) (n_pad 1 for Llama:
+        src/llama-model.cpp), at most the stream's cells (n_ctx_slot a slot's own stream; n_ctx one
+        unified stream). Each query token's mask row has that many cells, filled on the host
+        (llama_kv_cache::set_input_kq_mask) and read for every KV tile by the CPU flash attention,
+        masked or not, before it skips a tile wholly masked (ggml/src/ggml-cpu/ops.cpp,
+        ggml_compute_forward_flash_attn_ext_tiled). With one unified stream, the cells in use are
+        taken as the slots' stored tokens: an approximation, as cells need not be contiguous."""
+        cells = self.n_ctx if self.unified else self.n_ctx_slot
+        padded = -(-max(used, 1) // 256) * 256
+        return min(cells, padded)
 
     def _sample(
         self,
