@@ -166,7 +166,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     parser.add_argument("--cycles", type=int, default=6)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--platform", type=Path, help="a CPU platform file: its model's ratio")
+    parser.add_argument(
+        "--platform", type=Path, help="a CPU platform file or a fit-rules --json: its model's ratio"
+    )
     parser.add_argument("--from", type=Path, dest="kept", help="print a kept result again")
     args = parser.parse_args()
     cost = step_costs_in(args.platform)["llamacpp"] if args.platform else None
