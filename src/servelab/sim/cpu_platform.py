@@ -156,13 +156,13 @@ class StepCost(OnePassTimes):
         del seqs, cuda_graph, kv_repeat
         t = (
             self.step_s
-            + self.per_mask_cell_s * mask_cells
-            + self.per_mask_check_s * mask_checks
             + self.per_token_s * tokens
             + self.per_sampled_s * sampled
             + self.per_attn_pair_s * attn_pairs
             + self.per_kv_token_s * kv_tokens
             + self.per_admitted_s * admitted
+            + self.per_mask_cell_s * mask_cells
+            + self.per_mask_check_s * mask_checks
         )
         return t * self.slowdown
 

@@ -625,7 +625,7 @@ class LlamacppModel(EngineModel):
         (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp, llama_context::decode,
         process_ubatch). Each pass also carries its attention mask's work (`mask_work`)."""
         total = 0.0
-        stored = sum(s.kv for s in self.slots)
+        stored = sum(s.kv for s in self.slots) if self.unified else 0
         for ub in self._micro_batches(sub):
             tokens = sampled = admitted = 0
             pairs = kv = 0.0
@@ -667,9 +667,10 @@ class LlamacppModel(EngineModel):
         the host tests one by one (empty, sequence, position) to fill that mask
         (src/llama-kv-cache.cpp, set_input_kq_mask_impl): all n_kv for a sequence's first token,
         then for each later token of it only the cells it recorded, those from 32 positions
-        before the pass's first on (its own new tokens and up to 32 before them)."""
+        before the pass's first on (its own new tokens and up to 32 before them). `stored`: the
+        slots' stored tokens, one unified stream's cells in use (0 with a stream a slot)."""
         used = max((st + k for st, k in runs), default=1)
-        n_kv = self.n_kv_view(max(used, stored) if self.unified else used)
+        n_kv = self.n_kv_view(max(used, stored))
         tokens = sum(k for _st, k in runs)
         checks = sum(n_kv + (k - 1) * (k + min(32, st)) for st, k in runs)
         return float(tokens * n_kv), float(checks)
@@ -679,11 +680,8 @@ class LlamacppModel(EngineModel):
         `used`: llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36), src/llama-kv-cache.cpp,
         llama_kv_cache::get_n_kv: used_max_p1 padded to max(n_pad, 256) (n_pad 1 for Llama:
         src/llama-model.cpp), at most the stream's cells (n_ctx_slot a slot's own stream; n_ctx one
-        unified stream). Each query token's mask row has that many cells, filled on the host
-        (llama_kv_cache::set_input_kq_mask) and read for every KV tile by the CPU flash attention,
-        masked or not, before it skips a tile wholly masked (ggml/src/ggml-cpu/ops.cpp,
-        ggml_compute_forward_flash_attn_ext_tiled). With one unified stream, the cells in use are
-        taken as the slots' stored tokens: an approximation, as cells need not be contiguous."""
+        unified stream, whose cells in use `mask_work` takes as the slots' stored tokens: an
+        approximation, as cells need not be contiguous)."""
         cells = self.n_ctx if self.unified else self.n_ctx_slot
         padded = -(-max(used, 1) // 256) * 256
         return min(cells, padded)
