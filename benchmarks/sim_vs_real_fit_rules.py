@@ -4,6 +4,7 @@ rules of the fit (issue 26; docs/simulator.md, "Against the real engines").
     .venv/bin/python benchmarks/sim_vs_real_fit_rules.py --results results \\
         [--variant gaps] [--variant gaps_and_ttft] [--variant none] \\
         [--variant vllm_v1=gaps,llamacpp=none] [--without per_mask_cell_s per_mask_check_s] \\
+        [--fixed llamacpp.per_wakeup_s=5e-6] \\
         [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
 
 A variant names the warm-up rows of the fit (`servelab.sim.cpu_fit.WarmupRows`), for every
@@ -18,7 +19,9 @@ and the saturation ratios, and writes every variant's coefficients, fit errors a
 `--json`. The `gaps` variant is the workflow's prediction: where `--results` holds a
 sim_vs_real.json, the script says whether its own summary is the same. `--without` holds the
 named coefficients at 0 in every variant: the step model without those terms (with the mask
-terms named, the model before 2026-12-05). Everything it predicts goes to a temporary folder;
+terms named, the model before 2026-12-05). `--fixed ENGINE.COEFFICIENT=VALUE` holds one engine's
+coefficient at a value measured elsewhere (a benchmark's) and fits the rest to what it leaves: on
+a floor that cannot measure a term, what the term would have done. Everything it predicts goes to a temporary folder;
 nothing under `--results` is written.
 
 The variants are a comparison of calibration rules on a measurement that has been seen: a rule
@@ -65,10 +68,11 @@ def fit_platform(
     rules: dict[str, WarmupRows],
     config: dict[str, Any],
     without: tuple[str, ...] = (),
+    fixed: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The platform file's form (`write_cpu_platform`), each engine fitted on its rule, with the
-    workflow's GPU memory and model preset (the `cpu_platform` rule's params), and `without`
-    those coefficients."""
+    workflow's GPU memory and model preset (the `cpu_platform` rule's params), `without` those
+    coefficients and with an engine's `fixed` ones held at their values."""
     gpu_memory_mib, model_preset = int(config["gpu"]["memory_mib"]), config["model"]["preset"]
     engines: dict[str, Any] = {}
     for engine, rule in sorted(rules.items()):
@@ -79,9 +83,27 @@ def fit_platform(
             model_preset=model_preset,
             warmup_rows=rule,
             without=without,
+            fixed=(fixed or {}).get(engine),
         )
         engines[engine] = {"step_cost": cost.coefficients(), "fit": report}
     return {"model_preset": model_preset, "engines": engines}
+
+
+def parse_fixed(texts: list[str], engines: list[str]) -> dict[str, dict[str, float]]:
+    """`ENGINE.COEFFICIENT=VALUE` arguments: engine -> coefficient -> value."""
+    fixed: dict[str, dict[str, float]] = {}
+    for text in texts:
+        name, _, value = text.partition("=")
+        engine, _, coefficient = name.partition(".")
+        if engine not in engines or not coefficient or not value:
+            raise SystemExit(
+                f"--fixed {text}: expected ENGINE.COEFFICIENT=VALUE, ENGINE of {engines}"
+            )
+        try:
+            fixed.setdefault(engine, {})[coefficient] = float(value)
+        except ValueError:
+            raise SystemExit(f"--fixed {text}: {value!r} is not a number") from None
+    return fixed
 
 
 def step_costs_in(path: Path) -> dict[str, StepCost]:
@@ -167,6 +189,12 @@ def main() -> int:
     parser.add_argument(
         "--without", nargs="+", default=[], help="coefficients held at 0 in every variant"
     )
+    parser.add_argument(
+        "--fixed",
+        nargs="+",
+        default=[],
+        help="ENGINE.COEFFICIENT=VALUE held at VALUE in every variant (the rest fitted)",
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -177,11 +205,17 @@ def main() -> int:
         raise SystemExit(f"{args.results}: no ok floor run or no loaded run to score")
     workflow = args.results / "sim_vs_real.json"
     without = tuple(args.without)
-    out: dict[str, Any] = {"results": str(args.results), "without": list(without), "variants": {}}
+    fixed = parse_fixed(args.fixed, engines)
+    out: dict[str, Any] = {
+        "results": str(args.results),
+        "without": list(without),
+        "fixed": fixed,
+        "variants": {},
+    }
     for text in args.variant or list(WARMUP_ROWS):
         started = time.perf_counter()
         rules = parse_variant(text, engines)
-        platform = fit_platform(runs, rules, config, without)
+        platform = fit_platform(runs, rules, config, without, fixed)
         with tempfile.TemporaryDirectory(prefix="servelab-fit-rules-") as tmp:
             summary = score(platform, args.results, config, Path(tmp))
         result = tally(summary)

@@ -259,6 +259,49 @@ def test_the_fit_recovers_llama_cpps_mask_terms_from_a_floor_of_both_arms(
         )
 
 
+def test_the_fit_recovers_llama_cpps_wake_up_cost_from_warm_ups_queued_behind_its_slots(
+    tmp_path: Path,
+) -> None:
+    """With more warm-ups than slots, the waiting ones' threads are woken by every result, and the
+    decoding warm-ups' gaps shrink as the queue drains: the floor's one measure of that cost."""
+    true = dataclasses.replace(TRUE_LLAMA, per_wakeup_s=5.0e-6)
+
+    def floor_of(warmups: int) -> list[FloorRun]:
+        runs: list[FloorRun] = []
+        for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
+            trace = floor_trace(tmp_path / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
+            for arm, flags in LLAMA_ARMS.items():
+                out = tmp_path / f"runs-{warmups}" / arm / f"s{sharing}-L{tokens}"
+                simulate_floor(trace, out, arm, true, warmups=warmups, flags=flags)
+                runs.append(FloorRun(out, trace, "llamacpp", arm, tuple(flags)))
+        return runs
+
+    queued = floor_of(24)
+    cost, report = fit_step_cost("llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY)
+    for name in COEFFICIENTS:
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=0.02, abs=1e-10), name
+    assert report["itl"]["median_abs_rel_error"] < 0.01
+    without, worse = fit_step_cost(
+        "llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY, without=["per_wakeup_s"]
+    )
+    assert without.per_wakeup_s == 0.0
+    assert worse["itl"]["p90_abs_rel_error"] > report["itl"]["p90_abs_rel_error"] + 0.01
+    # held at a value measured elsewhere, the rest are fitted to what it leaves
+    held, _ = fit_step_cost(
+        "llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY, fixed={"per_wakeup_s": 5e-6}
+    )
+    assert held.per_wakeup_s == 5e-6
+    assert held.per_sampled_s == pytest.approx(true.per_sampled_s, rel=0.02)
+    doubled, _ = fit_step_cost(
+        "llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY, fixed={"per_wakeup_s": 1e-5}
+    )
+    assert doubled.per_wakeup_s == 1e-5 and doubled.coefficients() != held.coefficients()
+    with pytest.raises(ValueError, match="fixed per_wakeups: not a coefficient"):
+        fit_step_cost(
+            "llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY, fixed={"per_wakeups": 0}
+        )
+
+
 def test_the_warm_ups_enter_the_fit_by_their_gaps_and_not_their_first_tokens(
     floor: tuple[Path, list[FloorRun]],
 ) -> None:
@@ -306,7 +349,7 @@ def test_equations_measured_beside_the_floor_enter_the_same_fit(
     """`extra` (benchmarks/cpu_fit_with_sweep.py's sweeps) joins the floor's equations: ones the
     true model satisfies keep the fit on it, and a contradicting one moves it."""
     _root, runs = floor
-    decode = [np.array([1.0, k, k, 0.0, k * 1100.0, 0.0, 0.0, 0.0]) for k in (2, 4, 8)]
+    decode = [np.array([1.0, k, k, 0.0, k * 1100.0, 0.0, 0.0, 0.0, 0.0]) for k in (2, 4, 8)]
     true_time = [TRUE.decode_time(k, 1100, cuda_graph=False) for k in (2, 4, 8)]
     agreeing = [(f, t, "sweep") for f, t in zip(decode, true_time, strict=True)]
     cost, report = fit_step_cost(

@@ -372,6 +372,30 @@ def test_a_floor_runs_with_its_own_warm_up_count_which_is_part_of_its_identity()
     assert run_identity(floor_run_config(floored), run)["dispatch"]["warmup_requests"] == 8
 
 
+def test_an_engine_can_have_its_own_floor_warm_up_count_and_an_unknown_engine_is_refused() -> None:
+    """Config `floor.warmup_requests_by_engine` sets one engine's floor warm-ups (llama.cpp's queue
+    behind its slots) and leaves the other engines' floors, and their identities, as they were."""
+    config = load_config(REPO / "config" / "config.yaml")
+    engine, other = list(config["engines"])
+    floored = {
+        **config,
+        "floor": {"warmup_requests": 16, "warmup_requests_by_engine": {engine: 64}},
+    }
+    assert floor_run_config(floored, engine)["dispatch"]["warmup_requests"] == 64
+    assert floor_run_config(floored, other)["dispatch"]["warmup_requests"] == 16
+    assert floor_run_config(floored)["dispatch"]["warmup_requests"] == 16
+    plain = {**config, "floor": {"warmup_requests": 16}}
+    for name, count in ((engine, 64), (other, 16)):
+        run = {"arm": "defaults", "engine": name, "condition": "floor-s0.00-L128"}
+        same = run_identity(floor_run_config(floored, name), run) == run_identity(
+            floor_run_config(plain, name), run
+        )
+        assert same == (count == 16), name
+    bad = {**config, "floor": {"warmup_requests_by_engine": {"tgi": 8}}}
+    with pytest.raises(ConfigError, match=r"floor\.warmup_requests_by_engine\.tgi: not an engine"):
+        prepare_config(bad)
+
+
 def test_a_floor_runs_with_its_own_warm_up_length_which_is_part_of_its_identity() -> None:
     """Config `floor.warmup_prompt_tokens` is the warm-up prompt length of floor runs only (their
     batch of long contexts). Left unset it is no part of any identity, so the measurement keys made

@@ -216,6 +216,26 @@ def test_a_fifth_request_waits_for_a_free_slot_and_waiters_keep_arrival_order() 
     assert m.metrics()["llamacpp:requests_deferred"] == 0.0
 
 
+def test_every_result_wakes_the_other_held_requests_threads_and_the_next_pass_carries_them() -> (
+    None
+):
+    """A result (a prompt's start signal, a streamed token, a final response) wakes the HTTP
+    thread of every other request the server holds, in a slot or deferred; the next pass carries
+    those wake-ups, and an idle server drops them."""
+    m, cost = make(slots=1)
+    for rid, start in (("a", 1000), ("b", 2000), ("c", 3000)):
+        m.add_request(rid, toks(3, start), 2, 0.0)
+    drive(m, start_s=0.0)
+    # a takes the slot, b and c wait (3 held): a's start signal and first token wake 2 each;
+    # a's last token and final response wake 4, carried by b's prompt with b's start signal
+    # (2 held: 1); b's first token 1, its last two results 2; c alone wakes none
+    assert [c["wakeups"] for c in cost.calls] == [2, 2, 5, 1, 2, 0]
+    # one request at a time (the floor) wakes none; a request after an idle spell carries none
+    m.add_request("d", toks(3, 4000), 2, 10.0)
+    drive(m, start_s=10.0)
+    assert [c["wakeups"] for c in cost.calls[6:]] == [0, 0]
+
+
 def test_a_prompt_of_n_ctx_slot_tokens_is_refused_and_outputs_stop_at_the_slot_context() -> None:
     m, _ = make(n_ctx_slot=512, n_batch=512)
     its = drive(m, [(0.0, "long", toks(511, 1000), 4), (0.0, "fits", toks(508, 3000), 100)])

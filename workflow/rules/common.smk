@@ -220,7 +220,11 @@ def block_of(kind, wildcards):
             "condition": wildcards.floor,
             "offered_load_rps": 0.0,
         }
-        return floor_block(wildcards).deployment, run, grid.floor_run_config(config)
+        return (
+            floor_block(wildcards).deployment,
+            run,
+            grid.floor_run_config(config, wildcards.engine),
+        )
     if not is_run(wildcards.arm, wildcards.engine, wildcards.condition, REPS[0]):
         raise ValueError(
             f"{wildcards.arm}/{wildcards.engine}/{wildcards.condition} "

@@ -223,6 +223,7 @@ def _check_references(config: Mapping[str, Any]) -> None:
         *_check_arms(config, seen),
         *_check_client(config),
         *_check_engines(config),
+        *_check_floor_engines(config),
         *_check_table_conditions(config, seen),
         *_check_simulated_needs_preset(config),
     ]
@@ -327,6 +328,17 @@ def _check_engines(config: Mapping[str, Any]) -> list[str]:
             f"got {len(engines)}: {', '.join(engines)}"
         )
     return problems
+
+
+def _check_floor_engines(config: Mapping[str, Any]) -> list[str]:
+    """Every engine `floor.warmup_requests_by_engine` names is one of config `engines`."""
+    named = (config.get("floor") or {}).get("warmup_requests_by_engine") or {}
+    return [
+        f"config key floor.warmup_requests_by_engine.{engine}: not an engine of config engines "
+        f"({', '.join(config['engines'])})"
+        for engine in named
+        if engine not in config["engines"]
+    ]
 
 
 def _check_table_conditions(config: Mapping[str, Any], seen: Mapping[str, int]) -> list[str]:
@@ -828,18 +840,23 @@ def floor_settings(config: Mapping[str, Any]) -> dict[str, int]:
     return {key: int(given.get(key, value)) for key, value in FLOOR_DEFAULTS.items()}
 
 
-def floor_run_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The config a floor run is measured by: the campaign's, with config `floor.warmup_requests`
-    and `floor.warmup_prompt_tokens` (each when given) as its dispatch's warm-up count and
-    warm-up prompt length. The warm-ups, sent together, are the floor's only concurrent batch:
-    the one place a CPU platform's per-sequence cost and, with long prompts, its cost of reading
-    many distinct contexts show (docs/simulator.md, "Against the real engines")."""
+def floor_run_config(config: Mapping[str, Any], engine: str | None = None) -> dict[str, Any]:
+    """The config `engine`'s floor runs are measured by: the campaign's, with config
+    `floor.warmup_requests` (or the engine's own `floor.warmup_requests_by_engine`) and
+    `floor.warmup_prompt_tokens` (each when given) as its dispatch's warm-up count and warm-up
+    prompt length. The warm-ups, sent together, are the floor's only concurrent batch: the one
+    place a CPU platform's per-sequence cost, with long prompts its cost of reading many distinct
+    contexts, and with more warm-ups than slots the cost of requests waiting for one show
+    (docs/simulator.md, "Against the real engines")."""
     floor = config.get("floor") or {}
     given = {
         key: int(floor[key])
         for key in ("warmup_requests", "warmup_prompt_tokens")
         if floor.get(key) is not None
     }
+    by_engine = floor.get("warmup_requests_by_engine") or {}
+    if engine is not None and by_engine.get(engine) is not None:
+        given["warmup_requests"] = int(by_engine[engine])
     if not given:
         return dict(config)
     return {**config, "dispatch": {**config["dispatch"], **given}}

@@ -72,6 +72,7 @@ class _TimesIterations(Protocol):
         admitted: int = 0,
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
+        wakeups: float = 0.0,
     ) -> float: ...
 
 
@@ -195,6 +196,7 @@ class CostModel(OnePassTimes):
         admitted: int = 0,
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
+        wakeups: float = 0.0,
     ) -> float:
         """Seconds for one forward pass plus the engine's per-iteration overhead.
 
@@ -209,9 +211,11 @@ class CostModel(OnePassTimes):
         beside the GPU, so the roofline does not charge it (the CPU platform does:
         servelab.sim.cpu_platform).
         mask_cells, mask_checks: the host work of a pass's attention mask (servelab.sim.llamacpp,
-        `mask_work`); the roofline charges neither (the CPU platform does).
+        `mask_work`); wakeups: HTTP threads woken for another request's result since the last
+        pass (servelab.sim.llamacpp, `_send`). The roofline charges none of them (the CPU
+        platform does).
         """
-        del admitted, mask_cells, mask_checks
+        del admitted, mask_cells, mask_checks, wakeups
         t_compute = (
             tokens * self._lin_flops_tok + sampled * self._head_flops_seq
         ) / self._gemm_rate

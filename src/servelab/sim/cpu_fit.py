@@ -233,12 +233,14 @@ def fit_step_cost(
     extra: Sequence[Equation] = (),
     warmup_rows: WarmupRows = "gaps",
     without: Sequence[str] = (),
+    fixed: Mapping[str, float] | None = None,
 ) -> tuple[StepCost, dict[str, Any]]:
     """The engine's StepCost from its floor runs (both arms pooled), and the fit's report.
     `extra`: equations measured beside the floor (benchmarks/cpu_fit_with_sweep.py), weighted
     as the floor's. `warmup_rows`: which of the warm-ups' times are rows (floor_rows).
-    `without`: coefficients held at 0, a model without those terms (for a benchmark's
-    comparison; the workflow fits every term).
+    `without`: coefficients held at 0, a model without those terms; `fixed`: coefficients held
+    at given values, measured elsewhere, the rest fitted to what they leave (both for a
+    benchmark's comparison; the workflow fits every term).
 
     Each TTFT row and the median of each (run, request) ITL group enter once, weighted by
     1 / observed (least squares on relative error: a 4 ms gap and a 60 ms TTFT count alike).
@@ -250,17 +252,19 @@ def fit_step_cost(
     mine = [r for r in runs if r.engine == engine]
     if not mine:
         raise ValueError(f"fit of {engine}: no floor run of that engine")
-    unknown = sorted(set(without) - set(COEFFICIENTS))
-    if unknown:
-        raise ValueError(f"fit of {engine}: without {', '.join(unknown)}: not a coefficient")
-    kept = np.array([name not in without for name in COEFFICIENTS])
+    for given, names in (("without", list(without)), ("fixed", list(fixed or {}))):
+        unknown = sorted(set(names) - set(COEFFICIENTS))
+        if unknown:
+            raise ValueError(f"fit of {engine}: {given} {', '.join(unknown)}: not a coefficient")
+    values = {**dict.fromkeys(without, 0.0), **(fixed or {})}
+    held = np.array([float(values.get(name, np.nan)) for name in COEFFICIENTS])
     cost, report = _fit_once(
-        engine, mine, gpu_memory_mib, model_preset, None, extra, warmup_rows, kept
+        engine, mine, gpu_memory_mib, model_preset, None, extra, warmup_rows, held
     )
     report["refits"] = 0
     for refit in range(1, MAX_REFITS + 1):
         again, again_report = _fit_once(
-            engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, kept
+            engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, held
         )
         moved = max(
             abs(a - b) / max(abs(b), 1e-12)
@@ -283,8 +287,10 @@ def _fit_once(
     timing: StepCost | None,
     extra: Sequence[Equation] = (),
     warmup_rows: WarmupRows = "gaps",
-    kept: np.ndarray | None = None,
+    held: np.ndarray | None = None,
 ) -> tuple[StepCost, dict[str, Any]]:
+    """One fit on the replay at `timing`; `held`: each coefficient's held value, NaN where it
+    is fitted."""
     rows = [
         row
         for run in mine
@@ -313,14 +319,18 @@ def _fit_once(
             f"fit of {engine}: {len(equations)} equations for {len(FEATURES)} coefficients"
         )
     x = np.stack([e[0] for e in equations])
-    if kept is not None:
-        x = x * kept  # a term held at 0: its column is empty, so nnls gives it 0
     y = np.array([e[1] for e in equations])
+    is_held = np.zeros(len(COEFFICIENTS), dtype=bool) if held is None else ~np.isnan(held)
+    # a held term: its column is emptied (nnls gives it 0) and its time taken off the observed
+    free_x = x * ~is_held
+    free_y = y - x[:, is_held] @ held[is_held] if held is not None else y
     weights = 1.0 / np.maximum(y, 1e-6)
     # Columns scaled to unit size so that nnls sees a well-conditioned problem.
-    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
-    solution, _ = nnls((x / scale) * weights[:, None], y * weights, maxiter=10_000)
+    scale = np.maximum(np.abs(free_x).max(axis=0), 1e-12)
+    solution, _ = nnls((free_x / scale) * weights[:, None], free_y * weights, maxiter=10_000)
     coefficients = solution / scale
+    if held is not None:
+        coefficients[is_held] = held[is_held]
     cost = StepCost(
         engine, **dict(zip(COEFFICIENTS, (float(c) for c in coefficients), strict=True))
     )

@@ -18,11 +18,14 @@ engine,
             + per_mask_cell_s · mask_cells    cells of the pass's attention mask: query tokens ×
                                               the KV view's length
             + per_mask_check_s · mask_checks  mask cells the host tests one by one to fill it
+            + per_wakeup_s    · wakeups       HTTP threads of other requests woken by the results
+                                              sent since the previous pass, on the same core
 
-The last two are llama.cpp's (servelab.sim.llamacpp, `mask_work`, which cites them): its CPU
-flash attention reads a mask row of the whole padded KV view for every query token, so a
-prompt's unchunked micro-batch of 512 tokens does more of that work than two of 256. The other
-engines' models pass 0 for both.
+The last three are llama.cpp's (servelab.sim.llamacpp, `mask_work` and `_send`, which cite
+them). Its CPU flash attention reads a mask row of the whole padded KV view for every query
+token, so a prompt's unchunked micro-batch of 512 tokens does more of that work than two of 256.
+And every result it sends wakes the HTTP thread of every request it holds, served or waiting for
+a slot, so a pass grows dearer with the queue. The other engines' models pass 0 for all three.
 
 with `StepCost.iteration_time` the same method the engine models call on the L4 cost model, so the
 scheduling logic (`sim.vllm`, `sim.llamacpp`) is unchanged on it. Config `gpu.step_cost` holds the
@@ -53,6 +56,7 @@ FEATURES = (
     "admitted",
     "mask_cells",
     "mask_checks",
+    "wakeups",
 )
 COEFFICIENTS = (
     "step_s",
@@ -63,10 +67,11 @@ COEFFICIENTS = (
     "per_admitted_s",
     "per_mask_cell_s",
     "per_mask_check_s",
+    "per_wakeup_s",
 )
-# Coefficients added after platform files and configs were written (2026-12-05): a mapping
-# without them is the model before them, with no mask terms.
-ADDED_COEFFICIENTS = ("per_mask_cell_s", "per_mask_check_s")
+# Coefficients added after platform files and configs were written (the mask terms and the
+# wake-ups, 2026-12-05): a mapping without one is the model before it, the term at 0.
+ADDED_COEFFICIENTS = ("per_mask_cell_s", "per_mask_check_s", "per_wakeup_s")
 
 
 def _features(
@@ -78,6 +83,7 @@ def _features(
     admitted: int,
     mask_cells: float,
     mask_checks: float,
+    wakeups: float,
 ) -> np.ndarray:
     return np.array(
         [
@@ -89,6 +95,7 @@ def _features(
             float(admitted),
             float(mask_cells),
             float(mask_checks),
+            float(wakeups),
         ]
     )
 
@@ -107,6 +114,7 @@ class StepCost(OnePassTimes):
     per_admitted_s: float
     per_mask_cell_s: float = 0.0
     per_mask_check_s: float = 0.0
+    per_wakeup_s: float = 0.0
     slowdown: float = 1.0
 
     def __post_init__(self) -> None:
@@ -149,6 +157,7 @@ class StepCost(OnePassTimes):
         admitted: int = 0,
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
+        wakeups: float = 0.0,
     ) -> float:
         """Seconds for one forward pass (arguments as `sim.cost.CostModel.iteration_time`; `seqs`,
         `cuda_graph` and `kv_repeat` carry nothing on a CPU: no graphs, no cache hierarchy the
@@ -163,6 +172,7 @@ class StepCost(OnePassTimes):
             + self.per_admitted_s * admitted
             + self.per_mask_cell_s * mask_cells
             + self.per_mask_check_s * mask_checks
+            + self.per_wakeup_s * wakeups
         )
         return t * self.slowdown
 
@@ -204,6 +214,7 @@ class FeatureRecorder:
         admitted: int = 0,
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
+        wakeups: float = 0.0,
     ) -> float:
         del kv_repeat
         self.calls.append(
@@ -215,6 +226,7 @@ class FeatureRecorder:
                 admitted=admitted,
                 mask_cells=mask_cells,
                 mask_checks=mask_checks,
+                wakeups=wakeups,
             )
         )
         if self.timing is not None:
@@ -228,5 +240,6 @@ class FeatureRecorder:
                 admitted=admitted,
                 mask_cells=mask_cells,
                 mask_checks=mask_checks,
+                wakeups=wakeups,
             )
         return self.duration_s

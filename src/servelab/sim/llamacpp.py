@@ -32,6 +32,10 @@ llama.cpp tree, vendor/llama.cpp in the sdist; docs/simulator.md, "llama.cpp"):
 - Sampling (post_decode): every slot whose output token was in the batch samples one token at the
   end of the iteration: the first token comes with the iteration that finishes the prompt. A slot
   stops at max_tokens or when its tokens reach n_ctx_slot (process_token, no context shift).
+- Results (`_send`): every streamed token, every final response and every prompt's start signal
+  is a result, and each result wakes the HTTP thread of every request the server holds, in a
+  slot or waiting for one. Those threads share the engine's core, so the next pass carries the
+  wake-ups (a feature of the cost model, priced on the CPU platform).
 """
 
 from __future__ import annotations
@@ -283,6 +287,7 @@ class LlamacppModel(EngineModel):
         self.n_busy_slots_total = 0
         self._prompt_queued = 0
         self._prompt_start = 0.0
+        self._wakeups = 0  # other requests' threads woken since the last pass (`_send`)
 
     # ------------------------------------------------------------------ requests
 
@@ -409,6 +414,19 @@ class LlamacppModel(EngineModel):
         if self.deferred:
             self.queue.appendleft(self.deferred.popleft())
 
+    def _send(self, results: int) -> None:
+        """`results` results sent to their requests' HTTP threads: llama.cpp 0c1e570 (vendored in
+        llama-cpp-python 0.3.36), tools/server/server-queue.cpp, server_response::send pushes each
+        under mutex_results and calls condition_results.notify_all(), which wakes every thread
+        waiting in server_response::recv_with_timeout to scan the results and wait again. A
+        request holds such a thread from the moment it is posted (server_response_reader::next),
+        whether it has a slot or is deferred, and the HTTP pool gives every request a thread (8
+        fixed "plus up to 1024 dynamic threads", tools/server/server-http.cpp,
+        server_http_context::init). The wake-ups of threads other than the result's own are
+        counted; the next pass carries them."""
+        held = self._busy + len(self.deferred) + len(self.queue)
+        self._wakeups += results * max(0, held - 1)
+
     def _flush_if_idle(self, t: float) -> None:
         """llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36), tools/server/server-context.cpp,
         update_slots with every slot idle: metrics_flush_idle."""
@@ -501,6 +519,9 @@ class LlamacppModel(EngineModel):
         r.cached_tokens = r.computed = n_past
         s.seq, s.kv = _EMPTY, n_past  # slot.prompt.tokens.keep_first(n_past); memory seq_rm
         s.state = _PROMPT
+        # a streamed request's start signal (send_partial_response(..., is_begin = true)): the
+        # dispatcher streams every request
+        self._send(1)
         # process_token: generation stops when the slot's tokens reach n_ctx_slot
         r.max_tokens = min(r.max_tokens, self.n_ctx_slot - n)
         return True
@@ -627,6 +648,7 @@ class LlamacppModel(EngineModel):
         total = 0.0
         stored = sum(s.kv for s in self.slots) if self.unified else 0
         for ub in self._micro_batches(sub):
+            wakeups, self._wakeups = self._wakeups, 0  # the first pass carries them
             tokens = sampled = admitted = 0
             pairs = kv = 0.0
             runs: list[tuple[int, int]] = []  # (first position, tokens) of each sequence
@@ -655,6 +677,7 @@ class LlamacppModel(EngineModel):
                 admitted=admitted,
                 mask_cells=cells,
                 mask_checks=checks,
+                wakeups=wakeups,
             )
         return total
 
@@ -721,6 +744,7 @@ class LlamacppModel(EngineModel):
         emitted: tuple[str, ...] = ()
         if self.track_emitted:
             emitted = tuple(r.rid for r in dec.members)
+        n_out = len(dec.members)
         if dec.members:
             for r in dec.advance(end):
                 releases[r.phase] = self.slots[r.phase]
@@ -740,6 +764,8 @@ class LlamacppModel(EngineModel):
                 dec.join(r)
         if self.track_emitted:
             emitted += tuple(firsts)
+        # a streamed token each (send_partial_response), a final response each (send_final_response)
+        self._send(n_out + len(firsts) + len(releases))
         for sid in sorted(releases):
             s = releases[sid]
             done = s.req
@@ -749,6 +775,8 @@ class LlamacppModel(EngineModel):
             finished.append(done.rid)
         if failed:  # every busy slot fails; its tokens are cleared
             self._fail_busy_slots(rejected)
+        if not self.has_work():  # the wake-ups meet an idle server: no pass waits for them
+            self._wakeups = 0
         self._flush_if_idle(end)
         if n_prompt and n_dec:
             kind = "mixed"
