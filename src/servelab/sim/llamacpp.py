@@ -422,7 +422,7 @@ class LlamacppModel(EngineModel):
         request holds such a thread from the moment it is posted (server_response_reader::next),
         whether it has a slot or is deferred, and the HTTP pool gives every request a thread (8
         fixed "plus up to 1024 dynamic threads", tools/server/server-http.cpp,
-        server_http_context::init). The wake-ups of threads other than the result's own are
+        server_http_context::start). The wake-ups of threads other than the result's own are
         counted; the next pass carries them."""
         held = self._busy + len(self.deferred) + len(self.queue)
         self._wakeups += results * max(0, held - 1)
