@@ -7,7 +7,7 @@ With config `floor.warmup_requests_by_engine` giving llama.cpp more warm-ups tha
 floor run opens with a queue: the first warm-ups decode in the slots while the rest wait, and
 every result the server sends wakes each held request's thread (servelab.sim.llamacpp, `_send`).
 This reads every `ok` llama.cpp floor run under `--results`, orders its warm-ups by first token,
-groups them into waves of one slot count (the deployment's `--parallel`), and takes each wave's
+groups them into waves of one slot count (the slots the server resolved at start-up), and takes each wave's
 median inter-token gap and the requests the server held when it began (the warm-ups not yet in
 an earlier wave). The slope of a line through the waves, gap against requests held, divided by
 the results a pass sends (one a decoding slot), is that run's cost of one wake-up. It prints the
@@ -35,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
 
 
-def slots_of(flags: tuple[str, ...]) -> int:
-    """The deployment's `--parallel=N` (the CPU pair sets it on every deployment)."""
-    given = [f.split("=", 1)[1] for f in flags if f.startswith("--parallel=")]
-    if not given or int(given[-1]) < 1:
-        raise SystemExit(f"flags {list(flags)}: no --parallel=N with N >= 1")
-    return int(given[-1])
+def resolved_slots(results: Path, record: dict[str, Any]) -> int:
+    """The slots the run's llama-server resolved at start-up (its deployment's resolved.json,
+    `facts.n_slots`, confirmed from the start-up log by the gate)."""
+    path = results / "deployments" / str(record["deployment_id"]) / "resolved.json"
+    facts = json.loads(path.read_text(encoding="utf-8")).get("facts") or {}
+    if int(facts.get("n_slots") or 0) < 1:
+        raise SystemExit(f"{path}: no facts.n_slots (not a llama-server deployment?)")
+    return int(facts["n_slots"])
 
 
 def waves(run_dir: Path, slots: int) -> list[tuple[int, float]]:
@@ -70,13 +72,13 @@ def main() -> int:
         raise SystemExit(f"{args.results}: no ok llama.cpp floor run")
     found: list[dict[str, Any]] = []
     for run in runs:
-        slots = slots_of(run.flags)
+        record = json.loads((run.run_dir / "run.json").read_text(encoding="utf-8"))
+        slots = resolved_slots(args.results, record)
         points = waves(run.run_dir, slots)
         if len(points) < 3:
             continue  # no queue to read: as many warm-ups as slots, or fewer
         held, gaps = np.array(points).T
         slope = float(np.polyfit(held, gaps, 1)[0])
-        record = json.loads((run.run_dir / "run.json").read_text(encoding="utf-8"))
         started = datetime.fromtimestamp(float(record["start_unix_s"]), tz=UTC)
         found.append(
             {

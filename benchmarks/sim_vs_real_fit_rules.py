@@ -21,8 +21,8 @@ sim_vs_real.json, the script says whether its own summary is the same. `--withou
 named coefficients at 0 in every variant: the step model without those terms (with the mask
 terms named, the model before 2026-12-05). `--fixed ENGINE.COEFFICIENT=VALUE` holds one engine's
 coefficient at a value measured elsewhere (a benchmark's) and fits the rest to what it leaves: on
-a floor that cannot measure a term, what the term would have done. Everything it predicts goes to a temporary folder;
-nothing under `--results` is written.
+a floor that cannot measure a term, what the term would have done. Everything it predicts goes to
+a temporary folder; nothing under `--results` is written.
 
 The variants are a comparison of calibration rules on a measurement that has been seen: a rule
 chosen by this score is fitted to the loaded runs, and must be checked on a measurement made

@@ -228,18 +228,25 @@ TRUE_LLAMA = StepCost(
 )
 
 
+def llama_floor(root: Path, cost: StepCost, warmups: int = 2) -> list[FloorRun]:
+    """A llama.cpp floor of both arms on `cost`: prompts past the first padded 256 cells, and
+    the arms' micro-batches (512 against 256 tokens), `warmups` warm-ups each run."""
+    runs = []
+    for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
+        trace = floor_trace(root / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
+        for arm, flags in LLAMA_ARMS.items():
+            out = root / "runs" / arm / f"s{sharing}-L{tokens}"
+            simulate_floor(trace, out, arm, cost, warmups=warmups, flags=flags)
+            runs.append(FloorRun(out, trace, "llamacpp", arm, tuple(flags)))
+    return runs
+
+
 def test_the_fit_recovers_llama_cpps_mask_terms_from_a_floor_of_both_arms(
     tmp_path: Path,
 ) -> None:
     """The mask's cells and checks are told apart from the causal pairs by prompts past the
     first padded 256 cells and by the arms' micro-batches (512 against 256 tokens)."""
-    runs = []
-    for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
-        trace = floor_trace(tmp_path / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
-        for arm, flags in LLAMA_ARMS.items():
-            out = tmp_path / "runs" / arm / f"s{sharing}-L{tokens}"
-            simulate_floor(trace, out, arm, TRUE_LLAMA, flags=flags)
-            runs.append(FloorRun(out, trace, "llamacpp", arm, tuple(flags)))
+    runs = llama_floor(tmp_path, TRUE_LLAMA)
     cost, report = fit_step_cost("llamacpp", runs, gpu_memory_mib=24000, model_preset=TINY)
     for name in COEFFICIENTS:
         assert getattr(cost, name) == pytest.approx(
@@ -265,18 +272,7 @@ def test_the_fit_recovers_llama_cpps_wake_up_cost_from_warm_ups_queued_behind_it
     """With more warm-ups than slots, the waiting ones' threads are woken by every result, and the
     decoding warm-ups' gaps shrink as the queue drains: the floor's one measure of that cost."""
     true = dataclasses.replace(TRUE_LLAMA, per_wakeup_s=5.0e-6)
-
-    def floor_of(warmups: int) -> list[FloorRun]:
-        runs: list[FloorRun] = []
-        for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
-            trace = floor_trace(tmp_path / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
-            for arm, flags in LLAMA_ARMS.items():
-                out = tmp_path / f"runs-{warmups}" / arm / f"s{sharing}-L{tokens}"
-                simulate_floor(trace, out, arm, true, warmups=warmups, flags=flags)
-                runs.append(FloorRun(out, trace, "llamacpp", arm, tuple(flags)))
-        return runs
-
-    queued = floor_of(24)
+    queued = llama_floor(tmp_path, true, warmups=24)
     cost, report = fit_step_cost("llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY)
     for name in COEFFICIENTS:
         assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=0.02, abs=1e-10), name
