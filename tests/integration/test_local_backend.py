@@ -7,6 +7,7 @@ started here is stopped by the module fixture, which then checks none is left.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -21,10 +22,11 @@ from servelab.analysis import load_runs
 from servelab.artifacts import read_parquet, read_run_json
 from servelab.campaign import blocks as campaign_blocks
 from servelab.campaign import deploy as campaign_deploy
-from servelab.deploy import RunRequest
+from servelab.deploy import RunRequest, prompt_cache
 from servelab.deploy.local import LocalBackend, stop_all
 from servelab.deploy.processes import alive, read_state
 from servelab.engines.metrics import canonical_metrics
+from servelab.engines.registry import engine_spec
 from servelab.grid import config as grid
 from servelab.grid import identity
 from servelab.grid.config import Condition
@@ -294,6 +296,29 @@ def test_a_trace_the_engine_served_before_is_measured_on_a_restarted_engine(
     assert state["served_traces"] == [hashlib.sha256(rep3.read_bytes()).hexdigest()]
     # vLLM 0.6.3 counts no cached tokens: recorded, not judged
     assert again["prompt_cache"] == {"cached_tokens": None, "reusable_tokens": None, "warm": None}
+
+
+def test_an_engine_with_a_history_cost_is_restarted_before_every_trace(
+    results: Path, study: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine whose requests cost more the more it has served (EngineSpec.history_cost:
+    llama-server's host prompt cache) measures every run on a server that has served nothing
+    before it: another trace restarts it too, not only a retry."""
+    compile_traces(results, study, {"rep4": 4.0, "rep5": 4.0}, short_graphs=True)
+    costly = dataclasses.replace(engine_spec("vllm"), history_cost="a test's history cost")
+    monkeypatch.setattr(
+        prompt_cache, "engine_spec", lambda name: costly if name == "vllm" else engine_spec(name)
+    )
+    backend = LocalBackend(gpu=study["gpu"], model=study["model"])
+    first = backend.run(run_request(results, study, "vllm", "rep4", []))
+    second = backend.run(run_request(results, study, "vllm", "rep5", []))
+    assert first["status"] == second["status"] == "ok"
+    assert second["node"]["start"]["instance_id"] != first["node"]["end"]["instance_id"]
+    state = read_state(
+        Path(run_request(results, study, "vllm", "rep5", []).deployment_dir) / "local.json"
+    )
+    rep5 = results / "traces" / CONDITION / "rep5" / "trace.parquet"
+    assert state["served_traces"] == [hashlib.sha256(rep5.read_bytes()).hexdigest()]
 
 
 def _files(root: Path) -> dict[str, tuple[str, int]]:

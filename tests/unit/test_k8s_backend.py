@@ -6,6 +6,7 @@ sends them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,12 +17,13 @@ from fakekube import FakeCluster, PodScript, backend_for, engine_log, running
 
 from servelab.artifacts import file_sha256
 from servelab.campaign.deploy import confirm, gate
-from servelab.deploy import RunRequest
+from servelab.deploy import RunRequest, prompt_cache
 from servelab.deploy.kube_cluster import DeployTimeout, KubernetesBackendError, PodFailed
 from servelab.deploy.kubernetes import KubernetesBackend
 from servelab.deploy.manifests import render_for, write_rendered
 from servelab.deploy.node import detect_reclamation
 from servelab.engines import ResolvedConfigMismatch
+from servelab.engines.registry import engine_spec
 from servelab.grid.config import deployment_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -459,6 +461,33 @@ def test_a_pod_that_served_the_trace_is_restarted_before_the_run(
         backend.run(_run_request(study, tmp_path, spec, trace=second, attempt=2))
         assert seen["pods"][3] != pod
         assert len(set(seen["pods"])) == 3  # the reclamation was the only restart
+
+
+def test_an_engine_whose_requests_cost_more_with_history_gets_a_fresh_pod_for_every_trace(
+    study: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine with a history cost (llama-server's host prompt cache, EngineSpec.history_cost)
+    is measured on a pod that has served nothing: the pod is replaced before every trace after
+    its first, not only before a retry."""
+    spec = _spec(study, "defaults", "vllm", "rate-0.12")
+    costly = dataclasses.replace(engine_spec("vllm"), history_cost="a test's history cost")
+    monkeypatch.setattr(
+        prompt_cache, "engine_spec", lambda name: costly if name == "vllm" else engine_spec(name)
+    )
+    cluster = _cluster()
+    seen: dict = {}
+    _fake_measurement(monkeypatch, cluster, seen)
+    first, second = tmp_path / "rep1.parquet", tmp_path / "rep2.parquet"
+    first.write_bytes(b"the first repetition's trace")
+    second.write_bytes(b"the second repetition's trace")
+    with running(cluster) as kube:
+        backend = backend_for(kube)
+        backend.run(_run_request(study, tmp_path, spec, trace=first))
+        backend.run(_run_request(study, tmp_path, spec, trace=second))
+        pod = backend.cluster.engine_pod(spec["deployment_id"])["metadata"]["uid"]
+        assert seen["pods"][1] == pod != seen["pods"][0]  # another trace: a fresh pod
+        assert backend.cluster.gated_pod(spec["deployment_id"]) == pod
+        assert backend.cluster.served_traces(spec["deployment_id"], pod) == [file_sha256(second)]
 
 
 def test_a_gated_pod_is_not_read_again_but_a_new_pod_is(study: dict, tmp_path: Path) -> None:

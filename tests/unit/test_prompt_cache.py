@@ -13,10 +13,12 @@ import pytest
 from servelab.artifacts import SCRAPE_SCHEMA
 from servelab.deploy.prompt_cache import (
     cached_tokens,
+    fresh_server_reason,
     prompt_cache_check,
     refusal,
     reusable_tokens,
 )
+from servelab.engines.registry import engine_names, engine_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "prompt_cache"
 
@@ -124,3 +126,27 @@ def test_the_real_retried_run_is_refused_and_a_first_attempt_is_not(
     assert (reason is not None) is warm
     if reason:
         assert f"{check['cached_tokens']:.0f}" in reason and "prompt cache" in reason
+
+
+def test_a_run_needs_a_fresh_server_after_its_own_trace_or_on_an_engine_with_a_history_cost() -> (
+    None
+):
+    """A retry or a redo of a trace needs a fresh server on any engine; an engine whose requests
+    cost more the more it has served needs one after any trace; a server that has served nothing
+    needs none."""
+    for engine in ("vllm_v1", "llamacpp"):
+        assert fresh_server_reason(engine, [], "a") is None
+        assert "has served this trace" in str(fresh_server_reason(engine, ["b", "a"], "a"))
+    assert fresh_server_reason("vllm_v1", ["b", "c"], "a") is None  # the same server goes on
+    reason = fresh_server_reason("llamacpp", ["b", "c"], "a")
+    assert reason is not None and reason.startswith("it has served 2 trace(s)")
+    assert "server_prompt_cache::alloc" in reason  # the cited cost
+
+
+def test_llamacpp_is_the_engine_whose_requests_cost_more_with_its_history() -> None:
+    """llama-server's host prompt cache keeps every prompt and scans them all on every task
+    (benchmarks/llamacpp_trace_cost.py measures it); vLLM's and SGLang's prefix caches are looked
+    up by block hash and radix tree, at a cost that does not grow with the entries kept."""
+    costly = {name for name in engine_names() if engine_spec(name).history_cost}
+    assert costly == {"llamacpp"}
+    assert "0c1e570" in str(engine_spec("llamacpp").history_cost)

@@ -55,6 +55,7 @@ from servelab.deploy.kube_cluster import (
 from servelab.deploy.manifests import load_rendered, render_deployment
 from servelab.deploy.measure import LiveTarget, measure_live
 from servelab.deploy.node import node_change, observe, on_other_slot, pin_node, place, reclamation
+from servelab.deploy.prompt_cache import fresh_server_reason
 from servelab.deploy.restart import restart_timeline
 from servelab.dispatch import DispatchResult
 from servelab.grid.settings import KubernetesSettings
@@ -341,19 +342,23 @@ class KubernetesBackend:
         gate: Gate | None,
     ) -> dict[str, Any]:
         """The engine pod to send `trace_path` to: `pod`, or, when it has been sent that trace
-        before, a fresh one (the old pod deleted; the new one ready and gated). The trace is
+        before or its engine's requests cost more the more it has served and it has served any
+        (`fresh_server_reason`), a fresh one (the old pod deleted; the new one ready and gated). The trace is
         recorded as sent before the first request: an attempt that breaks off has still filled
         the cache."""
         deployment_id = str(deployment["deployment_id"])
         trace_sha256 = file_sha256(trace_path)
         uid = str(pod["metadata"]["uid"])
-        if trace_sha256 in self.cluster.served_traces(deployment_id, uid):
+        reason = fresh_server_reason(
+            str(deployment["engine"]), self.cluster.served_traces(deployment_id, uid), trace_sha256
+        )
+        if reason is not None:
             log.info(
-                "deployment %s: pod %s has served this trace (%s...): its prefix cache may hold "
-                "the run's prompts, so it is restarted",
+                "deployment %s: pod %s is restarted before trace %s...: %s",
                 deployment_id,
                 pod["metadata"]["name"],
                 trace_sha256[:12],
+                reason,
             )
             self.cluster.delete_pod(str(pod["metadata"]["name"]))
             pod = self.ensure_deployed(deployment, gate=gate)

@@ -77,6 +77,7 @@ from servelab.deploy.processes import (
     tail,
     terminate,
 )
+from servelab.deploy.prompt_cache import fresh_server_reason
 from servelab.deploy.tiny_model import (
     TinyModelSpec,
     ensure_tiny_hf_model,
@@ -550,6 +551,10 @@ class LocalBackend:
             if other.parent != deployment_dir and self._on_this_node(read_state(other)):
                 stop_deployment(other.parent)
         state = read_state(deployment_dir / "local.json")
+        # a retry or a redo, or an engine whose requests cost more the more it has served
+        fresh_reason = fresh_server_reason(
+            str(deployment["engine"]), list((state or {}).get("served_traces", [])), trace_sha256
+        )
         if (
             not state
             or not alive(state.get("pid"), _server_marker(state))
@@ -559,14 +564,13 @@ class LocalBackend:
             or list(state.get("flags", [])) != list(deployment["flags"])
             or list(state.get("cpus", [])) != list(pinning.engine_cpus)
             or not self._on_this_node(state)
-            # its prompt cache may hold this trace's prompts (a retry, or a redo): a run starts
-            # from a cache that holds none of its own (servelab.deploy.prompt_cache)
-            or trace_sha256 in state.get("served_traces", [])
+            or fresh_reason is not None
         ):
             log.info(
-                "run %s: (re)starting the server of deployment %s",
+                "run %s: (re)starting the server of deployment %s%s",
                 request.run_id,
                 deployment["deployment_id"],
+                f": {fresh_reason}" if fresh_reason else "",
             )
             state = self.start_server(
                 deployment, deployment_dir, tokenizer=tokenizer, stream_interval=stream_interval

@@ -19,13 +19,19 @@ the first attempt's. The bound does not depend on send order, so it holds whatev
 engine serves the prompts in. Counting in blocks (vLLM) or per slot (llama.cpp) only lowers the
 engine's count. A run whose engine counted more than this was served from a cache that held its
 prompts before it began, and it is refused.
+
+Before a run, `fresh_server_reason` says whether the live backends must start the engine afresh:
+when the server has served the run's trace (a retry or a redo), and, for an engine whose cost of a
+request grows with what it has served (`EngineSpec.history_cost`: llama-server scans every prompt
+its host cache keeps on every task), when it has served anything. Such a run would otherwise
+measure the campaign's run order along with its own condition.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,10 +40,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from servelab.engines.metrics import METRIC_MAP
+from servelab.engines.registry import engine_spec
 
 __all__ = [
     "CACHED_METRIC",
     "cached_tokens",
+    "fresh_server_reason",
     "prompt_cache_check",
     "refusal",
     "reusable_tokens",
@@ -50,6 +58,20 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if differ.size else n
+
+
+def fresh_server_reason(engine: str, served_traces: Sequence[str], trace_sha256: str) -> str | None:
+    """Why a run of the trace with SHA-256 `trace_sha256` must start on a freshly started server
+    of `engine`, which has served `served_traces` since it started, or None when it need not."""
+    if trace_sha256 in served_traces:
+        return "it has served this trace: its prefix cache may hold the run's prompts"
+    history_cost = engine_spec(engine).history_cost
+    if served_traces and history_cost:
+        return (
+            f"it has served {len(served_traces)} trace(s), and a request costs {engine} more the "
+            f"more it has served ({history_cost})"
+        )
+    return None
 
 
 def reusable_tokens(prompts: list[np.ndarray]) -> int:

@@ -133,6 +133,9 @@ class EngineSpec:
     level) is measured at the level it was given and confirmed from the probe start. `openai` is
     its OpenAI server's dialect (`OpenAIDialect`), which the live sim server speaks.
     `memory_fraction_flag` is the flag of the engine's device-memory fraction (None: it has none).
+    `history_cost` says, with its upstream source, why the engine's cost of a request grows with
+    what the server has served before (None: it does not); a live backend then measures every run
+    on a server that has served nothing before it (`servelab.deploy.prompt_cache.fresh_server_reason`).
 
     Release families: `product` is the engine as its users name it ("vllm"), `family` the release
     family within it ("V1"), `releases` the releases whose rules this spec implements (`version`,
@@ -173,6 +176,9 @@ class EngineSpec:
     # when the engine has none: what an ablation that equalises the KV capacity derives
     # (servelab.campaign.ablations, docs/ablations.md).
     memory_fraction_flag: str | None = None
+    # Why a request costs the engine more the more the server has served (cited), or None. A run
+    # on such a server would measure the campaign's run order as well as its own condition.
+    history_cost: str | None = None
 
     def flag_table_for(self, version: str | None) -> tuple[tuple[Any, ...], ...]:
         """The argument table of `version` (None: the reference release)."""
