@@ -75,6 +75,24 @@ def test_every_real_run_was_pinned_and_its_machine_load_recorded(campaign: Path)
         assert read_state(state)["cpus"] == [1]
 
 
+def test_every_llamacpp_run_met_a_server_started_for_it(campaign: Path) -> None:
+    """llama-server's requests cost more the more it has served (EngineSpec.history_cost, its host
+    prompt cache): the local backend starts it afresh before every run, floor or loaded, so its
+    log shows at least one start a run (docs/llamacpp.md, "A fresh server for every run")."""
+    results = campaign / "results"
+    deployments = sorted((results / "deployments").glob("*llamacpp*/server.log"))
+    assert len(deployments) == 2  # one per arm
+    for log in deployments:
+        runs = [
+            path
+            for path in results.glob("**/runs/*/llamacpp/*/rep*/run.json")
+            if json.loads(path.read_text())["deployment_id"] == log.parent.name
+        ]
+        assert len(runs) == 4  # two floor runs and two loaded
+        starts = log.read_text(errors="replace").count("llama_server: model loaded")
+        assert starts >= len(runs), f"{log}: {starts} server starts for {len(runs)} runs"
+
+
 def test_the_platform_is_fitted_from_the_floor_and_every_run_compared(campaign: Path) -> None:
     platform = json.loads((campaign / "results" / "sim_vs_real" / "platform.json").read_text())
     assert set(platform["engines"]) == {"vllm_v1", "llamacpp"}
