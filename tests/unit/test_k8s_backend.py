@@ -432,6 +432,14 @@ def test_run_glues_dispatch_node_identity_and_telemetry(
     assert gone == "the engine pod was gone during the run"
 
 
+def _two_traces(tmp_path: Path) -> tuple[Path, Path]:
+    """Two repetitions' trace files, which differ (the backend tells traces by their SHA-256)."""
+    first, second = tmp_path / "rep1.parquet", tmp_path / "rep2.parquet"
+    first.write_bytes(b"the first repetition's trace")
+    second.write_bytes(b"the second repetition's trace")
+    return first, second
+
+
 def test_a_pod_that_served_the_trace_is_restarted_before_the_run(
     study: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -442,9 +450,7 @@ def test_a_pod_that_served_the_trace_is_restarted_before_the_run(
     cluster = _cluster()
     seen: dict = {}
     _fake_measurement(monkeypatch, cluster, seen)
-    first, second = tmp_path / "rep1.parquet", tmp_path / "rep2.parquet"
-    first.write_bytes(b"the first repetition's trace")
-    second.write_bytes(b"the second repetition's trace")
+    first, second = _two_traces(tmp_path)
     deployment_id = spec["deployment_id"]
     with running(cluster) as kube:
         backend = backend_for(kube)
@@ -477,9 +483,7 @@ def test_an_engine_whose_requests_cost_more_with_history_gets_a_fresh_pod_for_ev
     cluster = _cluster()
     seen: dict = {}
     _fake_measurement(monkeypatch, cluster, seen)
-    first, second = tmp_path / "rep1.parquet", tmp_path / "rep2.parquet"
-    first.write_bytes(b"the first repetition's trace")
-    second.write_bytes(b"the second repetition's trace")
+    first, second = _two_traces(tmp_path)
     with running(cluster) as kube:
         backend = backend_for(kube)
         backend.run(_run_request(study, tmp_path, spec, trace=first))
