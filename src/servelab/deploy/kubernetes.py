@@ -342,10 +342,10 @@ class KubernetesBackend:
         gate: Gate | None,
     ) -> dict[str, Any]:
         """The engine pod to send `trace_path` to: `pod`, or, when it has been sent that trace
-        before or its engine's requests cost more the more it has served and it has served any
-        (`fresh_server_reason`), a fresh one (the old pod deleted; the new one ready and gated). The trace is
-        recorded as sent before the first request: an attempt that breaks off has still filled
-        the cache."""
+        before, or has been sent any and its engine's requests cost more the more it has served
+        (`fresh_server_reason`), a fresh one (the old pod deleted; the new one ready and gated).
+        The trace is recorded as sent before the first request: an attempt that breaks off has
+        still filled the cache."""
         deployment_id = str(deployment["deployment_id"])
         trace_sha256 = file_sha256(trace_path)
         uid = str(pod["metadata"]["uid"])

@@ -744,9 +744,10 @@ SPEC = EngineSpec(
     # are not imitated (the local backend always runs the real binary).
     openai=OpenAIDialect(),
     history_cost=(
-        "llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36): llama-server keeps every prompt it served in its host prompt cache (--cache-ram 8192 MiB "
-        "by default, common/common.h, holds thousands of a small model's prompts) and scans all "
-        "of them on every task: get_available_slot saves the chosen slot and loads the best entry "
+        "llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36): llama-server keeps every "
+        "prompt it served in its host prompt cache (--cache-ram 8192 MiB by default, "
+        "common/common.h, holds thousands of a small model's prompts) and scans all of them on "
+        "every task: get_available_slot saves the chosen slot and loads the best entry "
         "(tools/server/server-context.cpp), server_prompt_cache::alloc scans every entry twice "
         "and ::load once (tools/server/server-task.cpp), each comparing prompts with "
         "server_tokens::get_common_prefix (tools/server/server-common.cpp), and every idle slot "
