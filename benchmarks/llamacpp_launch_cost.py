@@ -1,5 +1,6 @@
 """What a request's launch costs llama-server against what the server has served before, read
-from a results folder's own server logs (issue 26; docs/llamacpp.md, "A fresh server for every run").
+from a results folder's own server logs (issue 26; docs/llamacpp.md, "A fresh server for every
+run").
 
     .venv/bin/python benchmarks/llamacpp_launch_cost.py --results results [--bin 250] [--json OUT]
 

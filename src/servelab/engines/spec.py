@@ -135,7 +135,8 @@ class EngineSpec:
     `memory_fraction_flag` is the flag of the engine's device-memory fraction (None: it has none).
     `history_cost` says, with its upstream source, why the engine's cost of a request grows with
     what the server has served before (None: it does not); a live backend then measures every run
-    on a server that has served nothing before it (`servelab.deploy.prompt_cache.fresh_server_reason`).
+    on a server that has served nothing before it
+    (`servelab.deploy.prompt_cache.fresh_server_reason`).
 
     Release families: `product` is the engine as its users name it ("vllm"), `family` the release
     family within it ("V1"), `releases` the releases whose rules this spec implements (`version`,
