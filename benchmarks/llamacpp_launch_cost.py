@@ -13,7 +13,7 @@ every prompt (`--cache-ram 8192` MiB by default holds thousands of the tiny mode
 and load compare the prompt with every entry, so that time grows with the server's history.
 
 Every llama.cpp deployment's `server.log` under `--results/deployments/` is split into the lives
-of its server (a log's clock starts again at each start), and each launch is numbered by the
+of its server (each start's first line, `servelab.engines.llamacpp.SERVER_START`), and each launch is numbered by the
 requests that server had launched before it. Printed: per deployment, the server lives, the most
 requests one life launched, and the median launch time by history bin (`--bin` requests wide),
 with the launches in each bin. Only the logs are read: a server started before each run has a
@@ -29,33 +29,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def _stamp(field: str) -> float | None:
-    """Seconds since the server started, from llama-server's `M.SS.mmm.uuu` log stamp."""
-    parts = field.split(".")
-    if len(parts) != 4 or not all(p.isdigit() for p in parts):
-        return None
-    minutes, seconds, ms, us = (int(p) for p in parts)
-    return minutes * 60.0 + seconds + ms / 1e3 + us / 1e6
+from servelab.engines.llamacpp import SERVER_START, log_seconds
 
 
 def launch_ms(log_text: str) -> list[list[float]]:
     """Each server life's launch times in milliseconds, in order: from a slot's selection
-    (get_available_slot's "selected slot" line) to its launch (launch_slot_'s line). A stamp
-    earlier than the one before begins a new life (a restarted server's log starts at 0)."""
+    (get_available_slot's "selected slot" line) to its launch (launch_slot_'s line). Each start's
+    first line (`SERVER_START`) begins a new life; text before the first is a life too (a log
+    read from the middle)."""
     lives: list[list[float]] = [[]]
     selected: float | None = None
-    last = 0.0
     for line in log_text.splitlines():
-        fields = line.split(maxsplit=1)
-        t = _stamp(fields[0]) if fields else None
+        t = log_seconds(line)
         if t is None:
             continue
-        if t < last - 1.0:
+        if SERVER_START.search(line):
             lives.append([])
             selected = None
-        last = t
-        if "get_availabl" in line and "selected slot" in line:
+        elif "get_availabl" in line and "selected slot" in line:
             selected = t
         elif "launch_slot_" in line and selected is not None:
             lives[-1].append((t - selected) * 1e3)

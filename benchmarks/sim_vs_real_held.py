@@ -2,15 +2,17 @@
 (issue 26; docs/simulator.md, "A ninth measurement").
 
     .venv/bin/python benchmarks/sim_vs_real_held.py --results results [--engine llamacpp]
-        [--min-rate 3] [--bin-s 2] [--json OUT]
+        [--min-rate 3] [--bin-s 2] [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml]
+        [--json OUT]
 
-For every loaded run of `--engine` at `--min-rate` graphs/s or more, real
+For every loaded run of `--engine` whose condition (from the workflow's configuration) offers
+`--min-rate` graphs/s or more, real
 (`results/runs/.../requests.parquet`) and predicted (`results/sim_vs_real/predicted/...`), the run
 is cut into `--bin-s` windows from its first request's send. Per window, on each side: the output
 chunks the client received (one token each: llama-server streams one a token) and the requests
 held, sent and not finished, at the window's middle. A window is kept when both sides hold at
-least as many requests as the engine has slots' worth of work (8) and received over 50 chunks, so
-both are saturated and a time a token means a pass's. Printed: the windows grouped by the real
+least 8 requests (twice the CPU pair's 4 slots) and received over 50 chunks, so both are
+saturated and a time a token means a pass's. Printed: the windows grouped by the real
 side's requests held, with the median real and predicted milliseconds a token and their ratio,
 and a line through all windows, the excess (real − predicted ms a token) against requests held.
 
@@ -29,6 +31,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sim_vs_real_slowdown import add_config_arguments, config_of
+
+from servelab.grid.config import conditions
 
 MIN_HELD = 8
 MIN_CHUNKS = 50
@@ -55,15 +62,18 @@ def profile(requests_path: Path, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
     return received, held
 
 
-def windows(results: Path, engine: str, min_rate: float, bin_s: float) -> list[dict[str, Any]]:
-    """Every saturated window of the engine's loaded runs, real beside predicted."""
+def windows(
+    results: Path, engine: str, rates: dict[str, float], min_rate: float, bin_s: float
+) -> list[dict[str, Any]]:
+    """Every saturated window of the engine's loaded runs whose condition's rate (`rates`, by
+    condition id) is at least `min_rate`, real beside predicted."""
     out = []
-    for run_json in sorted((results / "runs").glob(f"*/{engine}/rate-*/rep*/run.json")):
+    for run_json in sorted((results / "runs").glob(f"*/{engine}/*/rep*/run.json")):
         run_dir = run_json.parent
         arm, condition, rep = run_dir.parts[-4], run_dir.parts[-2], run_dir.parts[-1]
-        if float(condition.removeprefix("rate-")) < min_rate:
+        if rates.get(condition, 0.0) < min_rate:
             continue
-        predicted = results / "sim_vs_real" / "predicted" / arm / engine / condition / rep
+        predicted = results / "sim_vs_real" / "predicted" / run_dir.relative_to(results / "runs")
         real_chunks, real_held = profile(run_dir / "requests.parquet", bin_s)
         pred_chunks, pred_held = profile(predicted / "requests.parquet", bin_s)
         for i in range(min(len(real_chunks), len(pred_chunks))):
@@ -91,10 +101,12 @@ def main() -> int:
     parser.add_argument("--min-rate", type=float, default=3.0)
     parser.add_argument("--bin-s", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
+    add_config_arguments(parser)
     args = parser.parse_args()
     if args.bin_s <= 0:
         parser.error(f"--bin-s {args.bin_s}: a positive number of seconds")
-    rows = windows(args.results, args.engine, args.min_rate, args.bin_s)
+    rates = {cid: float(c.rate) for cid, c in conditions(config_of(args)).items()}
+    rows = windows(args.results, args.engine, rates, args.min_rate, args.bin_s)
     if len(rows) < 2:
         raise SystemExit(f"{args.results}: fewer than two saturated windows of {args.engine}")
     held = np.array([r["held_real"] for r in rows], dtype=float)

@@ -22,6 +22,7 @@ from campaigns import Workdir, check_campaign_commands, documented_campaign
 
 from servelab.campaign.plan import target_runs
 from servelab.deploy.processes import read_state
+from servelab.engines.llamacpp import SERVER_START
 from servelab.grid.config import load_config
 
 pytestmark = [
@@ -89,7 +90,8 @@ def test_every_llamacpp_run_met_a_server_started_for_it(campaign: Path) -> None:
             if json.loads(path.read_text())["deployment_id"] == log.parent.name
         ]
         assert len(runs) == 4  # two floor runs and two loaded
-        starts = log.read_text(errors="replace").count("llama_server: model loaded")
+        lines = log.read_text(errors="replace").splitlines()
+        starts = sum(1 for line in lines if SERVER_START.search(line))
         assert starts >= len(runs), f"{log}: {starts} server starts for {len(runs)} runs"
 
 

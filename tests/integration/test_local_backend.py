@@ -277,6 +277,17 @@ def test_engine_crash_fails_the_run_and_the_next_run_restarts_it(
     assert again["node"]["start"]["instance_id"] != failed["node"]["start"]["instance_id"]
 
 
+def _served_since_start(results: Path, study: dict, rep: str) -> list[str]:
+    """The traces the vLLM deployment's server has served since it last started (local.json)."""
+    deployment_dir = Path(run_request(results, study, "vllm", rep, []).deployment_dir)
+    return list(read_state(deployment_dir / "local.json")["served_traces"])
+
+
+def _trace_sha256(results: Path, rep: str) -> str:
+    trace = results / "traces" / CONDITION / rep / "trace.parquet"
+    return hashlib.sha256(trace.read_bytes()).hexdigest()
+
+
 def test_a_trace_the_engine_served_before_is_measured_on_a_restarted_engine(
     results: Path, study: dict
 ) -> None:
@@ -289,11 +300,7 @@ def test_a_trace_the_engine_served_before_is_measured_on_a_restarted_engine(
     again = backend.run(run_request(results, study, "vllm", "rep3", []))
     assert first["status"] == again["status"] == "ok"
     assert again["node"]["start"]["instance_id"] != first["node"]["end"]["instance_id"]
-    state = read_state(
-        Path(run_request(results, study, "vllm", "rep3", []).deployment_dir) / "local.json"
-    )
-    rep3 = results / "traces" / CONDITION / "rep3" / "trace.parquet"
-    assert state["served_traces"] == [hashlib.sha256(rep3.read_bytes()).hexdigest()]
+    assert _served_since_start(results, study, "rep3") == [_trace_sha256(results, "rep3")]
     # vLLM 0.6.3 counts no cached tokens: recorded, not judged
     assert again["prompt_cache"] == {"cached_tokens": None, "reusable_tokens": None, "warm": None}
 
@@ -314,11 +321,7 @@ def test_an_engine_with_a_history_cost_is_restarted_before_every_trace(
     second = backend.run(run_request(results, study, "vllm", "rep5", []))
     assert first["status"] == second["status"] == "ok"
     assert second["node"]["start"]["instance_id"] != first["node"]["end"]["instance_id"]
-    state = read_state(
-        Path(run_request(results, study, "vllm", "rep5", []).deployment_dir) / "local.json"
-    )
-    rep5 = results / "traces" / CONDITION / "rep5" / "trace.parquet"
-    assert state["served_traces"] == [hashlib.sha256(rep5.read_bytes()).hexdigest()]
+    assert _served_since_start(results, study, "rep5") == [_trace_sha256(results, "rep5")]
 
 
 def _files(root: Path) -> dict[str, tuple[str, int]]:

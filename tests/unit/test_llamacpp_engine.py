@@ -41,6 +41,7 @@ from servelab.engines import (
     startup_log_flags,
 )
 from servelab.engines.cli import register
+from servelab.engines.llamacpp import SERVER_START, log_seconds
 from servelab.engines.registry import product_of
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -355,3 +356,23 @@ def test_resolve_config_reads_a_captured_log(engine_arg: list[str], capsys: Any)
         "family": None,
     }
     assert (out["engine"], out["chunk_size"], out["version"]) == ("llamacpp", 256, "b1-0c1e570")
+
+
+@pytest.mark.parametrize("name", READY_LOGS)
+def test_each_captured_start_opens_with_its_start_line_and_stamps_count_up(name: str) -> None:
+    """A captured start's first record is the line that opens every start (`SERVER_START`), and
+    no other is; `log_seconds` reads each record's M.SS.mmm.uuu stamp as seconds since the start,
+    never going back, and gives None for a line with no stamp (the `# source:` header)."""
+    lines = _read(name).splitlines()
+    assert log_seconds(lines[0]) is None
+    stamped = [line for line in lines if log_seconds(line) is not None]
+    assert SERVER_START.search(stamped[0])
+    assert not any(SERVER_START.search(line) for line in stamped[1:])
+    seconds = [log_seconds(line) for line in stamped]
+    assert seconds == sorted(seconds) and seconds[-1] > seconds[0]
+
+
+def test_log_seconds_reads_minutes_seconds_milliseconds_and_microseconds() -> None:
+    assert log_seconds("1.02.127.603 I srv  llama_server: model loaded") == pytest.approx(62.127603)
+    assert log_seconds("0.00.000.001 W cmn  x") == pytest.approx(1e-6)
+    assert log_seconds("version 1.02.127.603 I") is None  # not a record's stamp

@@ -82,8 +82,10 @@ from servelab.engines.logtext import LogLine, Reader
 from servelab.engines.spec import EngineSpec, LogFormat, OpenAIDialect
 
 __all__ = [
+    "SERVER_START",
     "SPEC",
     "ServerSettings",
+    "log_seconds",
     "mask_timestamps",
     "micro_batch",
     "render_startup_log",
@@ -422,6 +424,23 @@ MARKERS = (
     re.compile(r"llama_context: n_batch += \d+$"),
 )
 MARKER_WORDS = re.compile(r"srv |cmn |llama_context: ")
+# The first line a llama-server start prints (tools/server/server.cpp, main: SRV_INF
+# "initializing ..."): in a log that several starts appended to, it opens each start's lines.
+SERVER_START = MARKERS[0]
+_STAMP_FIELDS = re.compile(r"(?:^|[\s|])(\d+)\.(\d\d)\.(\d{3})\.(\d{3}) [IWED] ")
+
+
+def log_seconds(line: str) -> float | None:
+    """The seconds since the server started at which it printed `line`, from the line's stamp
+    (common/log.cpp, common_log_entry::print: M.SS.mmm.uuu), or None for a line without one
+    (a continuation record)."""
+    match = _STAMP_FIELDS.search(line)
+    if match is None:
+        return None
+    minutes, seconds, ms, us = (int(x) for x in match.groups())
+    return minutes * 60.0 + seconds + ms / 1e3 + us / 1e6
+
+
 READY = re.compile(rf"{_STAMP} I srv +llama_server: listening on (?:https?|unix)://")
 
 _INTERESTING = re.compile(
