@@ -2,7 +2,7 @@
 fifth measurement").
 
     .venv/bin/python benchmarks/llamacpp_waiting_cost.py [--waiting 0 4 12] [--cycles 3]
-        [--output-tokens 200] [--out OUT.json]
+        [--output-tokens 200] [--arrival during before] [--out OUT.json]
 
 Past saturation the real llama-server's passes take longer than the fitted CPU platform says,
 with the same passes and tokens a pass as the simulated server (benchmarks/sim_vs_real_passes.py).
@@ -11,7 +11,8 @@ A loaded run differs from the floor in the requests that wait for a slot: their 
 core. This measures that alone. llama-server (the CPU pair's flags: four slots, one thread) runs
 on core 1, the client on core 0. Four greedy requests of fresh 128-token prompts fill the slots
 and decode `--output-tokens` tokens; 0.3 s later, `--waiting` more requests are sent, which wait
-for a slot until the four finish. The four's median gap between tokens, from 0.35 s after the
+for a slot until the four finish (`--arrival during`, as in a loaded run; `before` sends them
+0.02 s after the four, before the four's first token, as the floor's warm-ups arrive). The four's median gap between tokens, from 0.35 s after the
 first of them starts to the first one's end, is the pass time with that many requests waiting.
 The settings are interleaved over `--cycles` cycles; llama-server's own count of `llama_decode`
 calls around each (`llamacpp:n_decode_total`) shows the four shared every pass.
@@ -39,9 +40,9 @@ from parallel_sampling import CLIENT_CORE, decode_calls, served_llama, streamed_
 from servelab.workload import warmup_prompts
 
 SLOTS = 4  # --parallel of the CPU pair (cpu_pair_engines.LLAMA_FLAGS)
-PROMPT_TOKENS = 128
+PROMPT_TOKENS = 128  # the default of --prompt-tokens
 SETTLE_S = 0.35  # after the four's first token: the waiting requests have been sent by then
-CPU_WINDOW = (0.5, 1.3)  # s after the four are sent: they decode, the rest wait
+CPU_WINDOW = (0.5, 2.0)  # s after the four are sent: they decode, the rest wait
 
 
 def thread_cpu_s(pid: int) -> tuple[float, float]:
@@ -68,8 +69,11 @@ def token_times(url: str, text: str, max_tokens: int) -> list[float]:
     return streamed_sequences(url, text, 1, greedy=True, seeded=False, max_tokens=max_tokens)[0]
 
 
+ARRIVAL_DELAY_S = {"during": 0.3, "before": 0.02}  # after the four are sent
+
+
 def one_setting(
-    server: LlamaServer, texts: list[str], waiting: int, output_tokens: int
+    server: LlamaServer, texts: list[str], waiting: int, output_tokens: int, arrival: str
 ) -> dict[str, Any]:
     """The four decoders' median gap with `waiting` requests queued behind them, and the server's
     CPU time by thread over CPU_WINDOW."""
@@ -78,13 +82,16 @@ def one_setting(
     calls_before = decode_calls(url, "llamacpp")
     with ThreadPoolExecutor(max_workers=SLOTS + waiting) as pool:
         running = [pool.submit(token_times, url, t, output_tokens) for t in decoders]
-        time.sleep(0.3)
+        time.sleep(ARRIVAL_DELAY_S[arrival])
+        sent_behind = time.perf_counter()
         behind = [pool.submit(token_times, url, t, 8) for t in queued]
         # the server's threads over a window in which the four decode and the rest wait
-        time.sleep(CPU_WINDOW[0] - 0.3)
+        time.sleep(CPU_WINDOW[0] - ARRIVAL_DELAY_S[arrival])
+        window_start = time.perf_counter()
         cpu_before = thread_cpu_s(server.pid)
         time.sleep(CPU_WINDOW[1] - CPU_WINDOW[0])
         cpu_after = thread_cpu_s(server.pid)
+        window_s = time.perf_counter() - window_start
         sequences = [f.result() for f in running]
         for f in behind:
             f.result()
@@ -101,14 +108,23 @@ def one_setting(
     # A starved client or HTTP thread delivers tokens in clumps, which breaks the gaps, not the
     # span: each decoder's first to last token over its tokens.
     spans = [(s[-1] - s[0]) / (len(s) - 1) for s in sequences]
+    if arrival == "before" and min(s[0] for s in sequences) < sent_behind:
+        raise RuntimeError(
+            f"waiting {waiting}: a decoder's first token came before the rest were sent"
+        )
     return {
         "waiting": waiting,
+        "arrival": arrival,
         "median_gap_ms": round(float(np.median(gaps)) * 1e3, 3),
         "span_ms_per_token": round(float(np.median(spans)) * 1e3, 3),
         "gaps": len(gaps),
         "decode_calls": None if calls is None or calls_before is None else calls - calls_before,
         "cpu_s_main_thread": round(cpu_after[0] - cpu_before[0], 3),
         "cpu_s_other_threads": round(cpu_after[1] - cpu_before[1], 3),
+        # the threads' share of the engine's core over the window
+        "main_thread_share": round((cpu_after[0] - cpu_before[0]) / window_s, 3),
+        "other_threads_share": round((cpu_after[1] - cpu_before[1]) / window_s, 3),
+        "results_per_s": round(SLOTS / float(np.median(spans)), 1),
     }
 
 
@@ -119,14 +135,28 @@ def main() -> int:
     parser.add_argument("--waiting", type=int, nargs="+", default=[0, 4, 12])
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--output-tokens", type=int, default=300)
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=PROMPT_TOKENS,
+        help="every request's fresh prompt; longer ones make the four's passes dearer",
+    )
+    parser.add_argument(
+        "--arrival",
+        nargs="+",
+        choices=sorted(ARRIVAL_DELAY_S),
+        default=["during"],
+        help="when the waiting requests are sent, each interleaved with every --waiting",
+    )
     parser.add_argument("--out", type=Path, help="write the measurement as JSON here")
     args = parser.parse_args()
     if any(w < 0 for w in args.waiting) or args.cycles < 1 or args.output_tokens < 50:
         parser.error("--waiting >= 0, --cycles >= 1 and --output-tokens >= 50")
     os.sched_setaffinity(0, {CLIENT_CORE})
     per_setting = SLOTS + max(args.waiting)
-    count = args.cycles * len(args.waiting) * per_setting
-    texts = [text for text, _ in warmup_prompts(7, count, PROMPT_TOKENS)]
+    settings = [(w, a) for w in args.waiting for a in args.arrival]
+    count = args.cycles * len(settings) * per_setting
+    texts = [text for text, _ in warmup_prompts(7, count, args.prompt_tokens)]
     rows = []
     started = time.perf_counter()
     with (
@@ -134,31 +164,37 @@ def main() -> int:
         served_llama(Path(tmp)) as server,
     ):
         for cycle in range(args.cycles):
-            for waiting in args.waiting:
+            for waiting, arrival in settings:
                 fresh, texts = texts[:per_setting], texts[per_setting:]
                 row = {
                     "cycle": cycle,
-                    **one_setting(server, fresh, waiting, args.output_tokens),
+                    **one_setting(server, fresh, waiting, args.output_tokens, arrival),
                 }
                 rows.append(row)
                 print(row, flush=True)
     summary = {
         key: {
-            str(w): round(float(np.median([r[key] for r in rows if r["waiting"] == w])), 3)
-            for w in args.waiting
+            f"{w} {a}": round(
+                float(np.median([r[key] for r in rows if r["waiting"] == w and r["arrival"] == a])),
+                3,
+            )
+            for w, a in settings
         }
         for key in (
             "median_gap_ms",
             "span_ms_per_token",
             "cpu_s_main_thread",
             "cpu_s_other_threads",
+            "main_thread_share",
+            "other_threads_share",
+            "results_per_s",
         )
     }
     print(f"by requests waiting, the median over cycles: {summary}")
     if args.out is not None:
         record = {
             "machine": machine(),
-            "settings": {**vars(args), "out": str(args.out), "prompt_tokens": PROMPT_TOKENS},
+            "settings": {**vars(args), "out": str(args.out)},
             "wall_s": round(time.perf_counter() - started, 1),
             "rows": rows,
             "by_waiting": summary,

@@ -5,7 +5,7 @@ rules of the fit (issue 26; docs/simulator.md, "Against the real engines").
         [--variant gaps] [--variant gaps_and_ttft] [--variant none] \\
         [--variant vllm_v1=gaps,llamacpp=none] [--without per_mask_cell_s per_mask_check_s] \\
         [--fixed llamacpp.per_wakeup_s=5e-6] \\
-        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT] [--keep KEEP]
 
 A variant names the warm-up rows of the fit (`servelab.sim.cpu_fit.WarmupRows`), for every
 engine or per engine: `gaps` is the workflow's rule, `gaps_and_ttft` the rule before it, `none`
@@ -22,7 +22,8 @@ named coefficients at 0 in every variant: the step model without those terms (wi
 terms named, the model before 2026-12-05). `--fixed ENGINE.COEFFICIENT=VALUE` holds one engine's
 coefficient at a value measured elsewhere (a benchmark's) and fits the rest to what it leaves: on
 a floor that cannot measure a term, what the term would have done. Everything it predicts goes to
-a temporary folder; nothing under `--results` is written.
+a temporary folder (with `--keep KEEP`, to KEEP/VARIANT, for the other benchmarks to read);
+nothing under `--results` is written.
 
 The variants are a comparison of calibration rules on a measurement that has been seen: a rule
 chosen by this score is fitted to the loaded runs, and must be checked on a measurement made
@@ -197,6 +198,11 @@ def main() -> int:
     )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep each variant's platform.json and predicted runs in KEEP/VARIANT (a new folder)",
+    )
     args = parser.parse_args()
     config = config_of(args)
     runs = floor_runs(args.results)
@@ -216,8 +222,15 @@ def main() -> int:
         started = time.perf_counter()
         rules = parse_variant(text, engines)
         platform = fit_platform(runs, rules, config, without, fixed)
-        with tempfile.TemporaryDirectory(prefix="servelab-fit-rules-") as tmp:
-            summary = score(platform, args.results, config, Path(tmp))
+        if args.keep is not None:
+            kept = args.keep / text
+            if kept.exists():
+                parser.error(f"--keep {args.keep}: {kept} exists (nothing is overwritten)")
+            kept.mkdir(parents=True)
+            summary = score(platform, args.results, config, kept)
+        else:
+            with tempfile.TemporaryDirectory(prefix="servelab-fit-rules-") as tmp:
+                summary = score(platform, args.results, config, Path(tmp))
         result = tally(summary)
         result["rules"] = rules
         result["coefficients"] = {e: v["step_cost"] for e, v in platform["engines"].items()}

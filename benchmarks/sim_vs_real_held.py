@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/sim_vs_real_held.py --results results [--engine llamacpp]
         [--min-rate 3] [--bin-s 2] [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml]
-        [--json OUT]
+        [--predicted DIR] [--json OUT]
 
 For every loaded run of `--engine` whose condition (from the workflow's configuration) offers
 `--min-rate` graphs/s or more, real
@@ -63,17 +63,24 @@ def profile(requests_path: Path, bin_s: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def windows(
-    results: Path, engine: str, rates: dict[str, float], min_rate: float, bin_s: float
+    results: Path,
+    engine: str,
+    rates: dict[str, float],
+    min_rate: float,
+    bin_s: float,
+    predicted_root: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every saturated window of the engine's loaded runs whose condition's rate (`rates`, by
-    condition id) is at least `min_rate`, real beside predicted."""
+    condition id) is at least `min_rate`, real beside predicted (under `predicted_root`, by
+    default the workflow's results/sim_vs_real/predicted)."""
+    root = results / "sim_vs_real" / "predicted" if predicted_root is None else predicted_root
     out = []
     for run_json in sorted((results / "runs").glob(f"*/{engine}/*/rep*/run.json")):
         run_dir = run_json.parent
         arm, condition, rep = run_dir.parts[-4], run_dir.parts[-2], run_dir.parts[-1]
         if rates.get(condition, 0.0) < min_rate:
             continue
-        predicted = results / "sim_vs_real" / "predicted" / run_dir.relative_to(results / "runs")
+        predicted = root / run_dir.relative_to(results / "runs")
         real_chunks, real_held = profile(run_dir / "requests.parquet", bin_s)
         pred_chunks, pred_held = profile(predicted / "requests.parquet", bin_s)
         for i in range(min(len(real_chunks), len(pred_chunks))):
@@ -101,12 +108,18 @@ def main() -> int:
     parser.add_argument("--min-rate", type=float, default=3.0)
     parser.add_argument("--bin-s", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--predicted",
+        type=Path,
+        help="predicted runs other than the workflow's (sim_vs_real_fit_rules.py --keep K: "
+        "K/VARIANT/predicted)",
+    )
     add_config_arguments(parser)
     args = parser.parse_args()
     if args.bin_s <= 0:
         parser.error(f"--bin-s {args.bin_s}: a positive number of seconds")
     rates = {cid: float(c.rate) for cid, c in conditions(config_of(args)).items()}
-    rows = windows(args.results, args.engine, rates, args.min_rate, args.bin_s)
+    rows = windows(args.results, args.engine, rates, args.min_rate, args.bin_s, args.predicted)
     if len(rows) < 2:
         raise SystemExit(f"{args.results}: fewer than two saturated windows of {args.engine}")
     held = np.array([r["held_real"] for r in rows], dtype=float)

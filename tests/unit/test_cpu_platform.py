@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -73,6 +74,7 @@ def simulate_floor(
     cost: StepCost,
     warmups: int = 2,
     flags: list[str] | None = None,
+    warmup_spacing_s: float = 0.0,
 ) -> Path:
     """A floor run as the real engine would have written it, from the simulated engine on the
     known step-time model (`cost.engine`; `flags`: the arm's, ARMS[arm] for vLLM)."""
@@ -91,6 +93,7 @@ def simulate_floor(
         model_preset=TINY,
         deployment_id=f"{arm}-{cost.engine}",
         warmup_requests=warmups,
+        warmup_spacing_s=warmup_spacing_s,
         request_timeout_s=60.0,
         stream_interval=1,
         telemetry_step_s=1.0,
@@ -228,15 +231,26 @@ TRUE_LLAMA = StepCost(
 )
 
 
-def llama_floor(root: Path, cost: StepCost, warmups: int = 2) -> list[FloorRun]:
+def llama_floor(
+    root: Path, cost: StepCost, warmups: int = 2, warmup_spacing_s: float = 0.0
+) -> list[FloorRun]:
     """A llama.cpp floor of both arms on `cost`: prompts past the first padded 256 cells, and
-    the arms' micro-batches (512 against 256 tokens), `warmups` warm-ups each run."""
+    the arms' micro-batches (512 against 256 tokens), `warmups` warm-ups each run,
+    `warmup_spacing_s` apart."""
     runs = []
     for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
         trace = floor_trace(root / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
         for arm, flags in LLAMA_ARMS.items():
             out = root / "runs" / arm / f"s{sharing}-L{tokens}"
-            simulate_floor(trace, out, arm, cost, warmups=warmups, flags=flags)
+            simulate_floor(
+                trace,
+                out,
+                arm,
+                cost,
+                warmups=warmups,
+                flags=flags,
+                warmup_spacing_s=warmup_spacing_s,
+            )
             runs.append(FloorRun(out, trace, "llamacpp", arm, tuple(flags)))
     return runs
 
@@ -296,6 +310,39 @@ def test_the_fit_recovers_llama_cpps_wake_up_cost_from_warm_ups_queued_behind_it
         fit_step_cost(
             "llamacpp", queued, gpu_memory_mib=24000, model_preset=TINY, fixed={"per_wakeups": 0}
         )
+
+
+def test_spaced_warm_ups_are_replayed_as_sent_and_make_the_queue_a_burst_cannot(
+    tmp_path: Path,
+) -> None:
+    """Sent at once, 24 warm-ups meet llama-server's 8 idle HTTP threads and only 8 are held
+    (servelab.sim.llamacpp, `_accept`, tested there); 5 ms apart, every one finds a thread. The
+    replay sends each at its scheduled time, so the fit sees the queue the engine had and
+    recovers the wake-up cost from it; replayed at once instead, the same floor is misread."""
+    true = dataclasses.replace(TRUE_LLAMA, per_wakeup_s=5.0e-6)
+    spaced = llama_floor(tmp_path / "spaced", true, warmups=24, warmup_spacing_s=0.005)
+    cost, report = fit_step_cost("llamacpp", spaced, gpu_memory_mib=24000, model_preset=TINY)
+    for name in COEFFICIENTS:
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=0.02, abs=1e-10), name
+    assert report["itl"]["median_abs_rel_error"] < 0.01
+    # the same requests with their schedule erased: a burst the engine never had
+    for run in spaced:
+        table = pq.read_table(run.run_dir / "requests.parquet")
+        at_once = table.set_column(
+            table.schema.get_field_index("scheduled_s"),
+            "scheduled_s",
+            pa.array(
+                [
+                    0.0 if w else s
+                    for w, s in zip(
+                        table["warmup"].to_pylist(), table["scheduled_s"].to_pylist(), strict=True
+                    )
+                ]
+            ),
+        )
+        pq.write_table(at_once, run.run_dir / "requests.parquet")
+    misread, _ = fit_step_cost("llamacpp", spaced, gpu_memory_mib=24000, model_preset=TINY)
+    assert misread.per_wakeup_s != pytest.approx(true.per_wakeup_s, rel=0.2)
 
 
 def test_the_warm_ups_enter_the_fit_by_their_gaps_and_not_their_first_tokens(

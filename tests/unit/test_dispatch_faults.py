@@ -6,6 +6,7 @@ pure function of the server's request index) and the run status the success chec
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -215,6 +216,23 @@ def test_release_times_warmup_and_lag(client: str) -> None:
         "w2",
         "a",
     ]
+
+
+def test_warm_ups_are_sent_their_spacing_apart(client: str) -> None:
+    """With `warmup_spacing_s` the k-th warm-up is due at k x the spacing, and sent then (a
+    burst of connections reaches llama-server's HTTP pool only as far as it had idle threads:
+    servelab.sim.llamacpp, `_accept`)."""
+    warmup = [RequestSpec(f"warmup-{i}", -1, "warmup", True, 4, [1, 2]) for i in range(4)]
+    with server() as srv:
+        result = dispatch(srv, graph(), warmup=warmup, warmup_spacing_s=0.05, client=client).run()
+    warm = [r for r in result.records if r.warmup]
+    assert [w.scheduled_s for w in warm] == pytest.approx([0.0, 0.05, 0.10, 0.15])
+    sent = [w.sent_s for w in warm]
+    assert all(0.0 <= s - w.scheduled_s < 0.04 for s, w in zip(sent, warm, strict=True))
+    assert all(b - a > 0.02 for a, b in itertools.pairwise(sent))
+    assert all(w.status == "ok" for w in warm)
+    with pytest.raises(ValueError, match="warmup_spacing_s"):
+        dispatch(srv, graph(), warmup=warmup, warmup_spacing_s=-1.0, client=client)
 
 
 @pytest.mark.parametrize(

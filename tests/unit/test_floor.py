@@ -396,6 +396,31 @@ def test_an_engine_can_have_its_own_floor_warm_up_count_and_an_unknown_engine_is
         prepare_config(bad)
 
 
+def test_an_engine_can_have_its_floor_warm_ups_spaced_which_is_part_of_its_identity() -> None:
+    """Config `floor.warmup_spacing_s_by_engine` spaces one engine's floor warm-ups (llama.cpp's,
+    whose HTTP pool takes only as many of a burst as it has idle threads); the other engine's
+    floor and the campaign's runs keep theirs, and an unknown engine is refused."""
+    config = load_config(REPO / "config" / "config.yaml")
+    engine, other = list(config["engines"])
+    spaced = {**config, "floor": {"warmup_spacing_s_by_engine": {engine: 0.005}}}
+    assert floor_run_config(spaced, engine)["dispatch"]["warmup_spacing_s"] == 0.005
+    assert "warmup_spacing_s" not in floor_run_config(spaced, other)["dispatch"]
+    assert "warmup_spacing_s" not in spaced["dispatch"]
+    run = {"arm": "defaults", "engine": engine, "condition": "floor-s0.00-L128"}
+    # unset, it is no part of any identity: the keys made before it existed still hold
+    assert "warmup_spacing_s" not in run_identity(config, run)["dispatch"]
+    assert run_identity(floor_run_config(spaced, engine), run) != run_identity(config, run)
+    assert run_identity(floor_run_config(spaced, engine), run)["dispatch"]["warmup_spacing_s"] == (
+        0.005
+    )
+    bad = {**config, "floor": {"warmup_spacing_s_by_engine": {"tgi": 0.005}}}
+    with pytest.raises(ConfigError, match=r"floor\.warmup_spacing_s_by_engine\.tgi: not an engine"):
+        prepare_config(bad)
+    negative = {**config, "floor": {"warmup_spacing_s_by_engine": {engine: -1}}}
+    with pytest.raises(ConfigError, match="warmup_spacing_s_by_engine"):
+        prepare_config(negative)
+
+
 def test_a_floor_runs_with_its_own_warm_up_length_which_is_part_of_its_identity() -> None:
     """Config `floor.warmup_prompt_tokens` is the warm-up prompt length of floor runs only (their
     batch of long contexts). Left unset it is no part of any identity, so the measurement keys made

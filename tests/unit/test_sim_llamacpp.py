@@ -61,6 +61,7 @@ def make(
     cache_ram_mib: int = 8192,
     cells: int | None = None,
     cache_prompt: bool = True,
+    http_threads: int = 0,
 ) -> tuple[LlamacppModel, LinearCost]:
     chunked = n_batch < n_ctx_slot
     params = EngineParams(
@@ -79,6 +80,7 @@ def make(
         ubatch_size=n_ubatch,
         kv_unified=unified,
         cache_ram_mib=cache_ram_mib,
+        http_threads=http_threads,
     )
     cost = LinearCost()
     return LlamacppModel(params, PRESET, cost), cost
@@ -236,6 +238,81 @@ def test_every_result_wakes_the_other_held_requests_threads_and_the_next_pass_ca
     assert [c["wakeups"] for c in cost.calls[6:]] == [0, 0]
 
 
+# ----------------------------------------------------------------------------- the HTTP pool
+
+
+def _held(m: LlamacppModel) -> int:
+    """Requests the server holds: posted, in a slot or waiting for one."""
+    m.step(m._last_end)  # process_new_tasks: the posted ones take slots or are deferred
+    met = m.metrics()
+    return int(met["llamacpp:requests_processing"] + met["llamacpp:requests_deferred"])
+
+
+def test_a_burst_reaches_the_server_only_as_far_as_the_pool_had_idle_threads() -> None:
+    """Sixteen connections at one instant meet eight idle threads: no thread is spawned (the
+    pool counts the woken ones idle until they run), so eight requests are posted and the rest
+    wait, unheld, each for a thread to finish its request."""
+    m, _ = make(slots=4, http_threads=8)
+    for i in range(16):
+        m.add_request(f"b{i}", toks(20, 1000 * i + 1000), 2, 0.0)
+    assert len(m.accepting) == 8 and _held(m) == 8
+    drive(m, start_s=0.0)
+    assert all(m.reqs[f"b{i}"].out == 2 for i in range(16)) and not m.accepting
+    # the waiting eight start only as the first eight end: FIFO, after every first-wave request
+    first_end = min(m.token_times(f"b{i}")[-1] for i in range(8))
+    assert all(m.token_times(f"b{i}")[0] > first_end for i in range(8, 16))
+
+
+def test_connections_apart_in_time_each_find_a_thread() -> None:
+    """The same sixteen, each at its own time: once the eight fixed threads are busy, the pool
+    counts none idle and spawns one for every later connection; all sixteen are held."""
+    m, _ = make(slots=4, http_threads=8)
+    for i in range(16):
+        m.add_request(f"s{i}", toks(20, 1000 * i + 1000), 2, 0.001 * i)
+    assert not m.accepting and _held(m) == 16
+
+
+def test_a_later_connection_spawns_a_thread_that_takes_the_oldest_waiting_one() -> None:
+    """After a burst left connections waiting, a connection at a later instant finds no idle
+    thread: the pool spawns one, which takes the front of its queue, not the newcomer."""
+    m, _ = make(slots=4, http_threads=2)
+    for rid in ("a", "b", "c"):
+        m.add_request(rid, toks(20, 1000 + ord(rid)), 50, 0.0)
+    assert [r.rid for r in m.accepting] == ["c"]
+    m.add_request("d", toks(20, 9000), 50, 0.5)
+    assert [r.rid for r in m.accepting] == ["d"]
+    assert {r.rid for r in m.queue} == {"a", "b", "c"}
+
+
+def test_an_idle_dynamic_thread_exits_after_the_pools_idle_timeout() -> None:
+    """A dynamic thread idle for 3 s exits (ThreadPool::worker); a fixed one stays. Measured by
+    what a later burst finds: fewer idle threads, fewer of it posted."""
+    m, _ = make(slots=4, http_threads=1)
+    for i in range(3):
+        m.add_request(f"x{i}", toks(10, 1000 * i + 1000), 1, 0.001 * i)  # one fixed, two spawned
+    drive(m, start_s=0.0)
+    t = m._last_end
+    for i in range(3):
+        m.add_request(f"y{i}", toks(10, 1000 * i + 5000), 1, t + 1.0)  # all three threads idle
+    assert not m.accepting
+    drive(m, start_s=t + 1.0)
+    t = m._last_end
+    for i in range(3):
+        m.add_request(f"z{i}", toks(10, 1000 * i + 9000), 1, t + 3.5)  # the two dynamic ones gone
+    assert len(m.accepting) == 2
+
+
+def test_an_aborted_connection_leaves_the_pools_queue_without_a_thread() -> None:
+    m, _ = make(slots=4, http_threads=1)
+    m.add_request("a", toks(10, 1000), 5, 0.0)
+    m.add_request("b", toks(10, 2000), 5, 0.0)
+    assert [r.rid for r in m.accepting] == ["b"]
+    m.abort("b")
+    assert not m.accepting
+    drive(m, start_s=0.0)
+    assert m.reqs["a"].out == 5 and m.reqs["b"].out == 0
+
+
 def test_a_prompt_of_n_ctx_slot_tokens_is_refused_and_outputs_stop_at_the_slot_context() -> None:
     m, _ = make(n_ctx_slot=512, n_batch=512)
     its = drive(m, [(0.0, "long", toks(511, 1000), 4), (0.0, "fits", toks(508, 3000), 100)])
@@ -366,6 +443,15 @@ def test_the_registry_builds_it_from_the_resolved_configuration() -> None:
     params = engine_params(resolved, kv_capacity_tokens=cap.tokens)
     assert (params.max_running, params.context_len, params.token_budget) == (4, 2048, 2048)
     assert (params.ubatch_size, params.kv_unified, params.cache_ram_mib) == (128, False, 8192)
+    # the HTTP pool's fixed threads: n_parallel + 4 on a small host, else --threads-http
+    assert params.http_threads == 8
+    given = resolve(
+        "llamacpp",
+        [*flags, "--threads-http=3"],
+        gpu_memory_mib=1,
+        model_max_position_embeddings=8192,
+    )
+    assert server_settings(given).http_threads == 3
     assert params.slot_prompt_similarity == 0.1 and params.cuda_graph_max_bs == 0
     model = sim.model(params, PRESET, LinearCost(), track_emitted=False)
     assert isinstance(model, LlamacppModel) and model.equal_split

@@ -272,6 +272,23 @@ def test_warm_ups_take_the_configured_prompt_length(
         run(study_config, small_trace, tmp_path / "bad", warmup_prompt_tokens=0)
 
 
+def test_warm_ups_are_sent_their_spacing_apart(
+    tmp_path: Path, small_trace: Path, study_config: dict
+) -> None:
+    """`warmup_spacing_s` sends the k-th warm-up at k x the spacing, as the live dispatcher
+    does; recorded in run.json only when set, so a run from before it reads the same."""
+    at_once = run(study_config, small_trace, tmp_path / "once")
+    spaced = run(study_config, small_trace, tmp_path / "spaced", warmup_spacing_s=0.01)
+    warm = [r for r in rows(tmp_path / "spaced") if r["warmup"]]
+    assert [r["scheduled_s"] for r in warm] == pytest.approx([0.01 * k for k in range(20)])
+    assert [r["sent_s"] for r in warm] == pytest.approx([0.01 * k for k in range(20)])
+    assert {r["sent_s"] for r in rows(tmp_path / "once") if r["warmup"]} == {0.0}
+    assert spaced["sim"]["warmup_spacing_s"] == 0.01
+    assert "warmup_spacing_s" not in at_once["sim"]
+    with pytest.raises(ValueError, match="warmup_spacing_s"):
+        run(study_config, small_trace, tmp_path / "bad", warmup_spacing_s=-0.1)
+
+
 def test_bad_inputs_are_refused_with_the_key_named(
     tmp_path: Path, small_trace: Path, study_config: dict
 ) -> None:

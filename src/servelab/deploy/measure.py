@@ -75,6 +75,7 @@ def measure_live(request: RunRequest, target: LiveTarget) -> dict[str, Any]:
         resolved_config=request.resolved_config,
         warmup_requests=dispatch.warmup_requests,
         warmup_prompt_tokens=dispatch.warmup_prompt_tokens,
+        warmup_spacing_s=dispatch.warmup_spacing_s or 0.0,
         request_timeout_s=dispatch.request_timeout_s,
         health_timeout_s=dispatch.health_timeout_s,
         success_threshold=request.success_threshold,

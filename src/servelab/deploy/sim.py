@@ -64,6 +64,7 @@ class SimBackend:
             deployment_id=request.deployment["deployment_id"],
             warmup_requests=request.dispatch.warmup_requests,
             warmup_prompt_tokens=request.dispatch.warmup_prompt_tokens,
+            warmup_spacing_s=request.dispatch.warmup_spacing_s or 0.0,
             request_timeout_s=request.dispatch.request_timeout_s,
             stream_interval=request.dispatch.stream_interval,
             telemetry_step_s=request.telemetry.step_s,

@@ -47,6 +47,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         deployment_id=args.deployment_id or f"{args.arm}-{args.engine}",
         resolved_config=resolved,
         warmup_requests=args.warmup_requests,
+        warmup_spacing_s=args.warmup_spacing,
         request_timeout_s=args.request_timeout,
         health_timeout_s=args.health_timeout,
         success_threshold=args.success_threshold,
@@ -94,6 +95,12 @@ def register(subparsers: Any) -> None:
     dispatch.add_argument("--deployment-id")
     dispatch.add_argument("--resolved", help="resolved configuration as JSON (for run.json)")
     dispatch.add_argument("--warmup-requests", type=int, default=20)
+    dispatch.add_argument(
+        "--warmup-spacing",
+        type=float,
+        default=0.0,
+        help="seconds between two warm-ups' sends (default 0: all at once)",
+    )
     dispatch.add_argument("--request-timeout", type=float, default=300.0)
     dispatch.add_argument("--health-timeout", type=float, default=DispatchSettings.health_timeout_s)
     dispatch.add_argument("--success-threshold", type=float, default=0.95)

@@ -3,8 +3,9 @@
 Run protocol (the same as the simulator's; docs/live.md, "The dispatcher"):
 
 1. Poll `GET /health` until it answers 200 (bounded by `health_timeout_s`).
-2. t = 0 (the run's start): send every warm-up request at once (role `warmup`, graph_id -1,
-   max_tokens 16, flagged `warmup`). When all have completed, the trace starts at offset t0.
+2. t = 0 (the run's start): send the warm-up requests (role `warmup`, graph_id -1, max_tokens
+   16, flagged `warmup`), the k-th at k x `warmup_spacing_s` (0, the default: all at once). When
+   all have completed, the trace starts at offset t0.
 3. Each trace request is sent at its scheduled time, t0 + its trace time. Requests without
    predecessors are scheduled at their graph's arrival; the others when the last predecessor
    finished (whatever its status) plus their tool delay. That logic is
@@ -231,6 +232,7 @@ class Dispatcher:
         trace: Sequence[TraceRequest],
         prompts: dict[str, str | Sequence[int]],
         warmup: Sequence[RequestSpec] = (),
+        warmup_spacing_s: float = 0.0,
         request_timeout_s: float = 300.0,
         health_timeout_s: float = DispatchSettings.health_timeout_s,
         ignore_eos: bool = True,
@@ -267,6 +269,9 @@ class Dispatcher:
         self.trace = list(trace)
         self.prompts = prompts
         self.warmup = list(warmup)
+        if warmup_spacing_s < 0:
+            raise ValueError(f"warmup_spacing_s: must be >= 0, got {warmup_spacing_s}")
+        self.warmup_spacing_s = float(warmup_spacing_s)
         self.request_timeout_s = float(request_timeout_s)
         self.health_timeout_s = float(health_timeout_s)
         self.ignore_eos = ignore_eos
@@ -487,17 +492,26 @@ class Dispatcher:
         if not self.warmup:
             return
         log.info("sending %d warm-up requests", len(self.warmup))
+        spacing = self.warmup_spacing_s
         if self._paced is not None:
-            self._paced.push([(0.0, spec.request_id) for spec in self.warmup])
+            self._paced.push([(k * spacing, spec.request_id) for k, spec in enumerate(self.warmup)])
             while self._warm_done < len(self.warmup) and self._stop_reason is None:
                 await self._wait_wake(None)
         else:
             tasks = []
-            for spec in self.warmup:
+            for k, spec in enumerate(self.warmup):
                 rec = self._records[spec.request_id]
-                rec.scheduled_s = 0.0
-                tasks.append(asyncio.create_task(self._send(rec)))
+                rec.scheduled_s = k * spacing
+                tasks.append(asyncio.create_task(self._send_warmup_at(rec)))
             await asyncio.gather(*tasks)
+
+    async def _send_warmup_at(self, rec: RequestRecord) -> None:
+        """Send a warm-up at its scheduled time (at once when that has passed)."""
+        assert rec.scheduled_s is not None
+        delay = rec.scheduled_s - self.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await self._send(rec)
         ok = sum(1 for s in self.warmup if self._records[s.request_id].status == "ok")
         log.info("warm-up done at %.3f s: %d/%d ok", self.clock(), ok, len(self.warmup))
 

@@ -86,6 +86,7 @@ def run_parallel(
     count_tokens: Callable[[list[str]], list[int]] | None = None,
     actions: Sequence[TimedAction] = (),
     client: str = DispatchSettings.client,
+    warmup_spacing_s: float = 0.0,
 ) -> DispatchResult:
     """Dispatch `trace` with `workers` processes; the same result as `Dispatcher.run()`."""
     if workers < 1:
@@ -131,6 +132,7 @@ def run_parallel(
             trace=[],
             prompts={},
             warmup=warmup,
+            warmup_spacing_s=warmup_spacing_s,
             request_timeout_s=request_timeout_s,
             health_timeout_s=health_timeout_s,
             ignore_eos=ignore_eos,

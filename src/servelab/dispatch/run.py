@@ -112,6 +112,7 @@ def dispatch_run(
     request_timeout_s: float,
     success_threshold: float,
     warmup_prompt_tokens: int | None = None,
+    warmup_spacing_s: float = 0.0,
     offered_load_rps: float,
     attempt: int,
     node_identity_fn: Callable[[], Mapping[str, Any]],
@@ -170,6 +171,7 @@ def dispatch_run(
         trace=loaded.requests,
         prompts={rid: p.text for rid, p in loaded.prompts.items()},
         warmup=warmup,
+        warmup_spacing_s=warmup_spacing_s,
         request_timeout_s=request_timeout_s,
         health_timeout_s=health_timeout_s,
         ignore_eos=ignore_eos,
@@ -210,6 +212,8 @@ def dispatch_run(
             "client": client,
             "connections_opened": result.connections_opened,
             "stale_retries": result.stale_retries,
+            # kept out when 0, so that a run dispatched at once reads as it always did
+            **({"warmup_spacing_s": warmup_spacing_s} if warmup_spacing_s else {}),
         },
     }
     if result.interrupted:

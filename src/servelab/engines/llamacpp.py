@@ -82,9 +82,12 @@ from servelab.engines.logtext import LogLine, Reader
 from servelab.engines.spec import EngineSpec, LogFormat, OpenAIDialect
 
 __all__ = [
+    "HTTP_DYNAMIC_THREADS",
+    "HTTP_IDLE_TIMEOUT_S",
     "SERVER_START",
     "SPEC",
     "ServerSettings",
+    "http_threads",
     "log_seconds",
     "mask_timestamps",
     "micro_batch",
@@ -168,6 +171,7 @@ FLAG_TABLE: tuple[tuple[Any, ...], ...] = (
     (("--cache-reuse",), "cache_reuse", "store", "int", 0, None, None, None),
     (("--metrics",), "metrics", "store_true", None, False, None, None, None),
     (("-lv", "--verbosity", "--log-verbosity"), "verbosity", "store", "int", 3, None, None, None),
+    (("--threads-http",), "threads_http", "store", "int", -1, None, None, None),
 )
 
 # Both spellings of each boolean pair (common_arg's args and args_neg) -> (table option, value).
@@ -335,7 +339,8 @@ class ServerSettings:
     cache's limit (-1 no limit, 0 disabled; common/common.h, common_params::cache_ram_mib);
     `slot_prompt_similarity` the server's default 0.1 (common/common.h,
     common_params::slot_prompt_similarity; `-sps` is not in FLAG_TABLE); `flash_attn` as
-    llama_context prints it (auto, enabled, disabled).
+    llama_context prints it (auto, enabled, disabled); `http_threads` the HTTP pool's fixed
+    threads (`http_threads`).
     """
 
     n_parallel: int
@@ -351,12 +356,31 @@ class ServerSettings:
     verbosity: int
     flash_attn: str
     threads: int
+    http_threads: int
     warmup: bool
     host: str
     port: int
 
 
 SLOT_PROMPT_SIMILARITY = 0.1  # common/common.h, common_params::slot_prompt_similarity
+
+# The HTTP pool (tools/server/server-http.cpp, server_http_context::start): a cpp-httplib
+# ThreadPool of `http_threads` fixed threads "plus up to 1024 dynamic threads destroyed after each
+# request"; a dynamic thread left idle exits after CPPHTTPLIB_THREAD_POOL_IDLE_TIMEOUT seconds
+# (vendor/cpp-httplib/httplib.h; httplib.cpp, ThreadPool::worker).
+HTTP_DYNAMIC_THREADS = 1024
+HTTP_IDLE_TIMEOUT_S = 3.0
+
+
+def http_threads(n_parallel: int, threads_http: int, host_cpus: int | None = None) -> int:
+    """The HTTP pool's fixed threads: `--threads-http` when at least 1, else
+    max(n_parallel + 4, hardware_concurrency - 1) (tools/server/server-http.cpp,
+    server_http_context::init). `host_cpus` is hardware_concurrency, the host's CPUs (not the
+    engine's affinity); None counts a host of at most n_parallel + 5 CPUs, where the first term
+    wins (the CPU pair's 2-core machine)."""
+    if threads_http >= 1:
+        return threads_http
+    return max(n_parallel + 4, (host_cpus or 0) - 1)
 
 
 def server_settings(resolved: ResolvedConfig) -> ServerSettings:
@@ -386,6 +410,7 @@ def server_settings(resolved: ResolvedConfig) -> ServerSettings:
         # src/llama-context.cpp, llama_context::llama_context prints llama_flash_attn_type_name
         flash_attn="enabled" if fa in _TRUTHY else "disabled" if fa in _FALSEY else "auto",
         threads=int(a["threads"]),
+        http_threads=http_threads(n_parallel, int(a["threads_http"])),
         warmup=bool(a["warmup"]),
         host=str(a["host"]),
         port=int(a["port"]),

@@ -331,12 +331,14 @@ def _check_engines(config: Mapping[str, Any]) -> list[str]:
 
 
 def _check_floor_engines(config: Mapping[str, Any]) -> list[str]:
-    """Every engine `floor.warmup_requests_by_engine` names is one of config `engines`."""
-    named = (config.get("floor") or {}).get("warmup_requests_by_engine") or {}
+    """Every engine `floor.warmup_requests_by_engine` and `floor.warmup_spacing_s_by_engine`
+    name is one of config `engines`."""
+    floor = config.get("floor") or {}
     return [
-        f"config key floor.warmup_requests_by_engine.{engine}: not an engine of config engines "
+        f"config key floor.{key}.{engine}: not an engine of config engines "
         f"({', '.join(config['engines'])})"
-        for engine in named
+        for key in ("warmup_requests_by_engine", "warmup_spacing_s_by_engine")
+        for engine in floor.get(key) or {}
         if engine not in config["engines"]
     ]
 
@@ -844,12 +846,13 @@ def floor_run_config(config: Mapping[str, Any], engine: str | None = None) -> di
     """The config `engine`'s floor runs are measured by: the campaign's, with config
     `floor.warmup_requests` (or the engine's own `floor.warmup_requests_by_engine`) and
     `floor.warmup_prompt_tokens` (each when given) as its dispatch's warm-up count and warm-up
-    prompt length. The warm-ups, sent together, are the floor's only concurrent batch: the one
-    place a CPU platform's per-sequence cost, with long prompts its cost of reading many distinct
-    contexts, and with more warm-ups than slots the cost of requests waiting for one show
+    prompt length, and the engine's own `floor.warmup_spacing_s_by_engine` as the seconds between
+    their sends. The warm-ups are the floor's only concurrent batch: the one place a CPU
+    platform's per-sequence cost, with long prompts its cost of reading many distinct contexts,
+    and with more warm-ups than slots the cost of requests waiting for one show
     (docs/simulator.md, "Against the real engines")."""
     floor = config.get("floor") or {}
-    given = {
+    given: dict[str, Any] = {
         key: int(floor[key])
         for key in ("warmup_requests", "warmup_prompt_tokens")
         if floor.get(key) is not None
@@ -857,6 +860,9 @@ def floor_run_config(config: Mapping[str, Any], engine: str | None = None) -> di
     by_engine = floor.get("warmup_requests_by_engine") or {}
     if engine is not None and by_engine.get(engine) is not None:
         given["warmup_requests"] = int(by_engine[engine])
+    spacing = floor.get("warmup_spacing_s_by_engine") or {}
+    if engine is not None and spacing.get(engine) is not None:
+        given["warmup_spacing_s"] = float(spacing[engine])
     if not given:
         return dict(config)
     return {**config, "dispatch": {**config["dispatch"], **given}}

@@ -60,6 +60,7 @@ CLASSIFICATION: dict[str, dict[str, Kind]] = {
     "dispatch": {
         "warmup_requests": IDENTITY,
         "warmup_prompt_tokens": IDENTITY,
+        "warmup_spacing_s": IDENTITY,
         "request_timeout_s": IDENTITY,
         "ignore_eos": IDENTITY,
         "stream_interval": IDENTITY,

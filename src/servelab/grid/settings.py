@@ -127,6 +127,9 @@ class DispatchSettings(_ConfigSection):
     ignore_eos: bool = True
     # Tokens of each warm-up prompt; None: the protocol's 128 (dispatch.run.WARMUP_PROMPT_TOKENS).
     warmup_prompt_tokens: int | None = None
+    # Seconds between two warm-ups' sends; None: all at once (the protocol's t = 0), and no part
+    # of a measurement's identity, so the keys made before the setting existed still hold.
+    warmup_spacing_s: float | None = None
     stream_interval: int = 1
     # Longest wait for the engine's /health before the first request (a model load is minutes).
     health_timeout_s: float = 900.0

@@ -9,10 +9,10 @@ passes up to its first token (several when the arm chunks prefill, or llama.cpp 
 micro-batches) sum to its TTFT, each later pass is one inter-token gap. Both arms of an engine are
 pooled: a chunked arm's TTFT holds more passes than an unchunked arm's for the same tokens, which is
 what separates `step_s` from the per-request terms (with one request at a time a pass and its one
-sampled sequence always come together). Each floor run's warm-ups, sent together, are replayed
-together too; they price decode passes of several (with config `floor.warmup_prompt_tokens`, long
-and distinct) contexts, so their gaps enter the fit and their times to first token, a batch's
-queueing and prefill, do not. Non-negative least squares (scipy.optimize.nnls) on
+sampled sequence always come together). Each floor run's warm-ups are replayed as they were
+sent, together or config `dispatch.warmup_spacing_s` apart; they price decode passes of several
+(with config `floor.warmup_prompt_tokens`, long and distinct) contexts, so their gaps enter the
+fit and their times to first token, a batch's queueing and prefill, do not. Non-negative least squares (scipy.optimize.nnls) on
 relative error gives the coefficients; the fit report keeps the residuals.
 
 `predict_run` then runs one loaded run of the grid on the fitted platform (the sim_vs_real rules).
@@ -106,18 +106,30 @@ def observed_times(
 
 
 def _replay(
-    model: Any, recorder: FeatureRecorder, group: Sequence[tuple[str, np.ndarray, int]], now: float
+    model: Any,
+    recorder: FeatureRecorder,
+    group: Sequence[tuple[str, np.ndarray, int, float]],
+    now: float,
 ) -> tuple[dict[str, list[np.ndarray]], float]:
-    """Send `group` (request id, prompt ids, max_tokens) together at `now` and step the model
-    until it is idle: per request, the summed features of the passes up to each of its tokens
-    (the first: its TTFT; each later one: an inter-token gap)."""
-    for rid, ids, max_tokens in group:
-        model.add_request(rid, ids, max_tokens, now)
-    per_token: dict[str, list[np.ndarray]] = {rid: [] for rid, _ids, _n in group}
-    pending = {rid: np.zeros(len(FEATURES)) for rid in per_token}
+    """Send `group` (request id, prompt ids, max_tokens, seconds after `now`) at its times and
+    step the model until it is idle: per request, the summed features of the passes from its
+    send up to each of its tokens (the first: its TTFT; each later one: an inter-token gap).
+    Requests sent at one time reach the engine together (an HTTP pool may take only some of
+    them: servelab.sim.llamacpp, `_accept`)."""
+    start = now
+    unsent = sorted(group, key=lambda g: g[3])
+    per_token: dict[str, list[np.ndarray]] = {rid: [] for rid, _ids, _n, _t in group}
+    pending: dict[str, np.ndarray] = {}
     for _ in range(100_000):  # bounded: one group's passes
+        while unsent and start + unsent[0][3] <= now:
+            rid, ids, max_tokens, offset = unsent.pop(0)
+            model.add_request(rid, ids, max_tokens, start + offset)
+            pending[rid] = np.zeros(len(FEATURES))
         if not model.has_work():
-            break
+            if not unsent:
+                break
+            now = start + unsent[0][3]  # idle until the next send
+            continue
         mark = len(recorder.calls)
         it = model.step(now)
         now = it.end_s
@@ -155,8 +167,8 @@ def floor_rows(
     warmup_rows: WarmupRows = "gaps",
 ) -> list[FitRow]:
     """Every floor request of `run` replayed through the engine's simulated scheduler as it was
-    sent: the run's warm-ups together (the floor's only passes with more than one sequence: the
-    decode cost against batch size), then the floor's requests one at a time. One TTFT row and one
+    sent: the run's warm-ups at their scheduled times (the floor's only passes with more than one
+    sequence: the decode cost against batch size), then the floor's requests one at a time. One TTFT row and one
     row per inter-token gap, each with the features of the passes it spans. `timing`: a step cost
     fitted before, whose step and front-end times decide which pass admits each warm-up.
     `warmup_rows`: which of the warm-ups' times are rows (WarmupRows)."""
@@ -188,6 +200,9 @@ def floor_rows(
     groups += [([r], k > 0) for k, r in enumerate(measured)]
     bos = sim.model_preset.bos_token_id is not None
     for group, fitted in groups:
+        # each at its scheduled time (warm-ups config `dispatch.warmup_spacing_s` apart), not its
+        # sent time: a client's own jitter of a fraction of a millisecond is not a pause
+        first = min(float(r["scheduled_s"] or 0.0) for r in group)
         prompts = [
             (
                 r["request_id"],
@@ -195,6 +210,7 @@ def floor_rows(
                 if r["warmup"]
                 else trace.prompts[r["request_id"]].token_ids,
                 int(r["max_tokens"]),
+                float(r["scheduled_s"] or 0.0) - first,
             )
             for k, r in enumerate(group)
         ]

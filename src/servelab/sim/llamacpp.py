@@ -36,6 +36,11 @@ llama.cpp tree, vendor/llama.cpp in the sdist; docs/simulator.md, "llama.cpp"):
   is a result, and each result wakes the HTTP thread of every request the server holds, in a
   slot or waiting for one. Those threads share the engine's core, so the next pass carries the
   wake-ups (a feature of the cost model, priced on the CPU platform).
+- The HTTP pool (`_accept`): a request is a task only once a thread of cpp-httplib's pool has
+  taken its connection. The pool spawns a thread for a new connection only when its count of
+  idle threads is 0, and a notified idle thread counts as idle until it runs. So of a burst of
+  connections that arrive together, only as many as there were idle threads get one; the rest
+  wait, unheld, until a thread finishes its request or a later connection finds none idle.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.engines.llamacpp import HTTP_DYNAMIC_THREADS, HTTP_IDLE_TIMEOUT_S
 from servelab.engines.registry import product_of
 from servelab.sim.base import (
     ABORTED,
@@ -288,6 +294,19 @@ class LlamacppModel(EngineModel):
         self._prompt_queued = 0
         self._prompt_start = 0.0
         self._wakeups = 0  # other requests' threads woken since the last pass (`_send`)
+        # The HTTP pool (`_accept`): idle threads as (dynamic, idle since), in the order they began
+        # to wait; connections no thread has taken (ThreadPool::jobs_); the dynamic threads alive;
+        # each held request's thread (dynamic or not); the current burst's time and the idle
+        # threads the pool counted when it began.
+        self.http_threads = int(params.http_threads)
+        self._idle_threads: deque[tuple[bool, float]] = deque(
+            (False, 0.0) for _ in range(self.http_threads)
+        )
+        self.accepting: deque[Req] = deque()
+        self._dynamic = 0
+        self._thread_of: dict[str, bool] = {}
+        self._burst_at: float | None = None
+        self._burst_idle = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -297,7 +316,57 @@ class LlamacppModel(EngineModel):
         ids = self._prompt_ids(req_id, prompt_token_ids, max_tokens)
         r = self._new_request(req_id, ids, max_tokens, now)
         r.phase = -1  # the slot it runs in
+        self._accept(r, now)
+
+    # ------------------------------------------------------------------ the HTTP pool
+
+    def _accept(self, r: Req, now: float) -> None:
+        """A connection accepted at `now`: cpp-httplib's ThreadPool::enqueue (vendored by
+        llama.cpp 0c1e570 in llama-cpp-python 0.3.36, vendor/cpp-httplib/httplib.cpp) queues the
+        job and spawns a dynamic thread only when `idle_thread_count_ == 0` (and the pool is
+        under its fixed + 1024 threads), then notifies one waiting thread. A notified thread
+        decrements the idle count only when it runs (ThreadPool::worker), so connections that
+        arrive together (one instant here: a burst the client writes back to back) all see the
+        idle count from before the burst: with any thread idle, none is spawned, and only that
+        many of them are taken. A taken connection's request is posted (`_post`). With
+        `http_threads` 0 no pool is modelled."""
+        if self.http_threads == 0:
+            self._post(r, dynamic=False)
+            return
+        self._expire(now)
+        if now != self._burst_at:
+            self._burst_at, self._burst_idle = now, len(self._idle_threads)
+        self.accepting.append(r)
+        if self._idle_threads:
+            dynamic, _since = self._idle_threads.popleft()
+            self._post(self.accepting.popleft(), dynamic=dynamic)
+        elif self._burst_idle == 0 and self._dynamic < HTTP_DYNAMIC_THREADS:
+            self._dynamic += 1
+            self._post(self.accepting.popleft(), dynamic=True)
+
+    def _expire(self, now: float) -> None:
+        """Dynamic threads idle for CPPHTTPLIB_THREAD_POOL_IDLE_TIMEOUT exit (ThreadPool::worker)."""
+        if any(d and now - since >= HTTP_IDLE_TIMEOUT_S for d, since in self._idle_threads):
+            kept = [(d, t) for d, t in self._idle_threads if not d or now - t < HTTP_IDLE_TIMEOUT_S]
+            self._dynamic -= len(self._idle_threads) - len(kept)
+            self._idle_threads = deque(kept)
+
+    def _post(self, r: Req, *, dynamic: bool) -> None:
+        """A thread has taken `r`'s connection: the request is read and posted as a task
+        (server_response_reader::post_task), held from now on (`_send`)."""
+        self._thread_of[r.rid] = dynamic
         self.queue.append(r)
+
+    def _thread_done(self, r: Req, t: float) -> None:
+        """`r`'s response has ended at `t`: its thread takes the next waiting connection at once
+        (ThreadPool::worker loops while jobs_ is not empty), else waits idle."""
+        dynamic = self._thread_of.pop(r.rid, None)
+        if dynamic is None:  # never had a thread (aborted while waiting for one)
+            return
+        if self.accepting:
+            self._post(self.accepting.popleft(), dynamic=dynamic)
+        else:
+            self._idle_threads.append((dynamic, t))
 
     def abort(self, req_id: str) -> None:
         """A cancelled task leaves the queues or releases its slot (llama.cpp 0c1e570 (vendored
@@ -307,7 +376,9 @@ class LlamacppModel(EngineModel):
         if r is None or r.state in (FINISHED, ABORTED):
             return
         if r.state == WAITING:
-            if r in self.queue:
+            if r in self.accepting:
+                self.accepting.remove(r)
+            elif r in self.queue:
                 self.queue.remove(r)
             else:
                 self.deferred.remove(r)
@@ -316,6 +387,7 @@ class LlamacppModel(EngineModel):
                 self.dec.leave(r)
             self._release(self.slots[r.phase])
         r.state = ABORTED
+        self._thread_done(r, self._last_end)
         self._flush_if_idle(self._last_end)
 
     def has_work(self) -> bool:
@@ -502,6 +574,7 @@ class LlamacppModel(EngineModel):
             self._release(s)
             r.state = FINISHED
             finished.append(r.rid)
+            self._thread_done(r, self._now)
             return False
         if n >= self.n_ctx_slot:
             r.error = (
@@ -511,6 +584,7 @@ class LlamacppModel(EngineModel):
             self._release(s)
             r.state = ABORTED
             rejected.append(r.rid)
+            self._thread_done(r, self._now)
             return False
         n_past = _lcp(s.seq.ids, r.ids) if self.cache_prompt else 0
         if n_past == n:  # [TAG_PROMPT_LOGITS] "need to evaluate at least 1 token"
@@ -773,8 +847,9 @@ class LlamacppModel(EngineModel):
             self._release(s)
             done.state = FINISHED
             finished.append(done.rid)
+            self._thread_done(done, end)
         if failed:  # every busy slot fails; its tokens are cleared
-            self._fail_busy_slots(rejected)
+            self._fail_busy_slots(rejected, end)
         if not self.has_work():  # the wake-ups meet an idle server: no pass waits for them
             self._wakeups = 0
         self._flush_if_idle(end)
@@ -798,7 +873,7 @@ class LlamacppModel(EngineModel):
             rejected=tuple(rejected),
         )
 
-    def _fail_busy_slots(self, rejected: list[str]) -> None:
+    def _fail_busy_slots(self, rejected: list[str], end: float) -> None:
         """A failed decode (post_decode's error path, see `_sample`; split out of it by
         servelab): every busy slot's request fails with the context error and the slot is
         released and cleared, in slot order."""
@@ -815,6 +890,7 @@ class LlamacppModel(EngineModel):
             self._clear(s)
             r.state = ABORTED
             rejected.append(r.rid)
+            self._thread_done(r, end)
 
     def _empty(self, now: float, rejected: list[str], finished: list[str]) -> Iteration:
         return Iteration(

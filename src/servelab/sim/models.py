@@ -134,7 +134,8 @@ def _llamacpp_capacity(
 
 def _llamacpp_params(resolved: ResolvedConfig) -> dict[str, Any]:
     """One-token cells, no CUDA graphs, no overlap; the micro-batch, the slot-similarity
-    threshold, the KV layout and the prompt cache's limit (engines.llamacpp.server_settings)."""
+    threshold, the KV layout, the prompt cache's limit and the HTTP pool's fixed threads
+    (engines.llamacpp.server_settings)."""
     st = server_settings(resolved)
     return {
         "block_size": 1,
@@ -145,6 +146,7 @@ def _llamacpp_params(resolved: ResolvedConfig) -> dict[str, Any]:
         "slot_prompt_similarity": st.slot_prompt_similarity,
         "kv_unified": st.kv_unified,
         "cache_ram_mib": st.cache_ram_mib,
+        "http_threads": st.http_threads,
     }
 
 

@@ -36,11 +36,13 @@ class EngineParams:
     # llama.cpp (sim.llamacpp): n_ubatch, the micro-batch llama_decode splits a batch into (None:
     # the token budget, n_batch); --slot-prompt-similarity; whether the slots share one KV stream
     # (kv_unified: then the KV capacity is shared and micro-batches are plain n_ubatch-token cuts);
-    # the host-memory prompt cache's limit in MiB (--cache-ram: -1 no limit, 0 disabled)
+    # the host-memory prompt cache's limit in MiB (--cache-ram: -1 no limit, 0 disabled); the
+    # HTTP pool's fixed threads (0: no pool modelled, every request has a thread at once)
     ubatch_size: int | None = None
     slot_prompt_similarity: float = 0.1
     kv_unified: bool = True
     cache_ram_mib: int = 8192
+    http_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_capacity_tokens <= 0:

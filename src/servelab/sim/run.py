@@ -333,10 +333,12 @@ def simulate_run_files(
     step_costs: Mapping[str, Any] | None = None,
     node: str | None = None,
     warmup_prompt_tokens: int | None = None,
+    warmup_spacing_s: float = 0.0,
 ) -> dict[str, Any]:
     """Simulate one run and write requests.parquet, scrape.parquet and run.json; return the record.
     `node` names the virtual GPU node (`node_identity`; None: the one node);
-    `warmup_prompt_tokens` each warm-up prompt's length (None: WARMUP_PROMPT_TOKENS).
+    `warmup_prompt_tokens` each warm-up prompt's length (None: WARMUP_PROMPT_TOKENS);
+    `warmup_spacing_s` the seconds between two warm-ups' sends (0: all at once).
 
     `platform` slows or speeds every iteration by the deployment's drift and the run's noise
     (servelab.sim.platform), recorded in run.json's `sim.platform`; None runs the model alone
@@ -354,6 +356,8 @@ def simulate_run_files(
     warmup_tokens = WARMUP_PROMPT_TOKENS if warmup_prompt_tokens is None else warmup_prompt_tokens
     if warmup_tokens < 1:
         raise ValueError(f"warmup_prompt_tokens: must be >= 1, got {warmup_prompt_tokens}")
+    if warmup_spacing_s < 0:
+        raise ValueError(f"warmup_spacing_s: must be >= 0, got {warmup_spacing_s}")
     stop_at, crash_at, fail = _check_faults(list(faults))
     trace = load_trace(trace_path, manifest_path)
     for key, want in (("condition", condition), ("rep", rep)):
@@ -383,6 +387,7 @@ def simulate_run_files(
         trace.requests,
         prompts,
         warmups=warm,
+        warmup_spacing_s=float(warmup_spacing_s),
         request_timeout_s=float(request_timeout_s),
         stream_interval=int(stream_interval),
         telemetry_step_s=float(telemetry_step_s),
@@ -425,6 +430,8 @@ def simulate_run_files(
             "final_metrics": {k: stats[k] for k in sorted(stats)},
             "warmup_prompt_tokens": warmup_tokens,
             "warmup_max_tokens": WARMUP_MAX_TOKENS,
+            # kept out when 0, so that a run simulated before the key existed reads the same
+            **({"warmup_spacing_s": warmup_spacing_s} if warmup_spacing_s else {}),
         },
         "telemetry_step_s": float(telemetry_step_s),
     }
@@ -487,6 +494,7 @@ def simulate_config_run(
         deployment_id=deployment.id,
         warmup_requests=int(config["dispatch"]["warmup_requests"]),
         warmup_prompt_tokens=config["dispatch"].get("warmup_prompt_tokens"),
+        warmup_spacing_s=float(config["dispatch"].get("warmup_spacing_s") or 0.0),
         request_timeout_s=float(config["dispatch"]["request_timeout_s"]),
         stream_interval=int(config["dispatch"]["stream_interval"]),
         telemetry_step_s=float(config["telemetry"]["step_s"]),

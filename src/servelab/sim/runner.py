@@ -1,7 +1,8 @@
 """Virtual-time discrete-event runner: one engine model serving one trace, as the live dispatcher would.
 
 Run protocol (the same as the live dispatcher's, docs/simulator.md "Run protocol and artifacts"):
-1. At t = 0 the client sends the warm-up requests all at once (flagged, role "warmup", graph -1).
+1. From t = 0 the client sends the warm-up requests (flagged, role "warmup", graph -1), the k-th at
+   k x `warmup_spacing_s` (0: all at once).
 2. When all have completed, the trace starts at t0: every trace request's scheduled time is t0 plus
    its time in the trace; requests without predecessors at their graph's arrival, the others when
    `ReleaseTracker` releases them (planner completion + tool delay; aggregator after all workers).
@@ -147,22 +148,23 @@ class _Run:
         warmups: Sequence[WarmupRequest],
         stop_at_s: float | None,
         crash_at_s: float | None,
+        warmup_spacing_s: float = 0.0,
     ) -> None:
-        """The first events: warm-ups at t = 0 (or the trace at once without any), then the
-        injected node reclamation and engine crash."""
-        for w in warmups:
+        """The first events: warm-ups from t = 0, `warmup_spacing_s` apart (or the trace at once
+        without any), then the injected node reclamation and engine crash."""
+        for k, w in enumerate(warmups):
             self.records[w.request_id] = RequestRecord(
                 request_id=w.request_id,
                 graph_id=-1,
                 role="warmup",
                 warmup=True,
-                scheduled_s=0.0,
+                scheduled_s=k * warmup_spacing_s,
                 max_tokens=w.max_tokens,
             )
             self.order.append(w.request_id)
-        for w in warmups:
+        for k, w in enumerate(warmups):
             self.prompts[w.request_id] = w.prompt_token_ids
-            self.push(0.0, _SEND, w.request_id)
+            self.push(k * warmup_spacing_s, _SEND, w.request_id)
         if not warmups:
             self.start_trace(0.0)
         if stop_at_s is not None:
@@ -355,6 +357,7 @@ def run_trace(
     stop_at_s: float | None = None,
     crash_at_s: float | None = None,
     crash_at_trace_start: bool = False,
+    warmup_spacing_s: float = 0.0,
 ) -> RunOutcome:
     """Serve `trace` (and the warm-ups before it) on `model` in virtual time; see module doc."""
     run = _Run(
@@ -367,6 +370,6 @@ def run_trace(
         telemetry_step_s=telemetry_step_s,
         crash_at_trace_start=crash_at_trace_start,
     )
-    run.schedule(warmups, stop_at_s, crash_at_s)
+    run.schedule(warmups, stop_at_s, crash_at_s, warmup_spacing_s)
     run.run()
     return run.outcome()
