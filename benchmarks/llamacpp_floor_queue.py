@@ -8,9 +8,12 @@ floor run opens with a queue: the first warm-ups decode in the slots while the r
 every result the server sends wakes each held request's thread (servelab.sim.llamacpp, `_send`).
 This reads every `ok` llama.cpp floor run under `--results`, orders its warm-ups by first token,
 groups them into waves of one slot count (the slots the server resolved at start-up), and takes each wave's
-median inter-token gap and the requests the server held when it began (the warm-ups not yet in
-an earlier wave). The slope of a line through the waves, gap against requests held, divided by
-the results a pass sends (one a decoding slot), is that run's cost of one wake-up. It prints the
+median inter-token gap and the requests held when it began (the warm-ups not yet in an earlier
+wave). The slope of a line through the waves, gap against requests held, divided by the results
+a pass sends (one a decoding slot), is that run's cost of one wake-up. That count is the
+client's: beside it is the most the server itself held at one of the run's scrapes, which was
+far fewer until the warm-ups were spaced (fix 10: llama-server's HTTP pool takes a burst only
+as far as it has idle threads). It prints the
 slope per run, in the order the runs were made, and the median per arm.
 
 Only the defaults arm's waves are clean: its warm-ups prefill together and then decode together.
@@ -60,6 +63,19 @@ def waves(run_dir: Path, slots: int) -> list[tuple[int, float]]:
     return out
 
 
+def server_held_most(run_dir: Path) -> int | None:
+    """The most requests the server itself held at one scrape of the run (its scrape.parquet:
+    `llamacpp:requests_processing` + `llamacpp:requests_deferred`), None without those series.
+    The warm-ups the client sent are not all held: llama-server's HTTP pool takes a burst of
+    connections only as far as it has idle threads (docs/simulator.md, "A tenth measurement")."""
+    names = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+    by_time: dict[float, float] = {}
+    for row in pq.read_table(run_dir / "scrape.parquet").to_pylist():
+        if row["source_metric"] in names:
+            by_time[row["t_s"]] = by_time.get(row["t_s"], 0.0) + float(row["value"])
+    return int(max(by_time.values())) if by_time else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -89,14 +105,18 @@ def main() -> int:
                 "first_wave_gap_ms": round(1e3 * gaps[0], 2),
                 "last_wave_gap_ms": round(1e3 * gaps[-1], 2),
                 "us_per_wakeup": round(1e6 * slope / slots, 2),
+                "server_held_most": server_held_most(run.run_dir),
             }
         )
     found.sort(key=lambda f: f["started_utc"])
-    print(f"{'run':82} {'waves':>5} {'first ms':>8} {'last ms':>8} {'µs a wake-up':>12}")
+    print(
+        f"{'run':82} {'waves':>5} {'first ms':>8} {'last ms':>8} {'µs a wake-up':>12} "
+        f"{'server held':>11}"
+    )
     for f in found:
         print(
             f"{f['run']:82} {f['waves']:>5} {f['first_wave_gap_ms']:>8} "
-            f"{f['last_wave_gap_ms']:>8} {f['us_per_wakeup']:>12}"
+            f"{f['last_wave_gap_ms']:>8} {f['us_per_wakeup']:>12} {f['server_held_most']!s:>11}"
         )
     by_arm = {
         arm: round(float(np.median([f["us_per_wakeup"] for f in found if f["arm"] == arm])), 2)
