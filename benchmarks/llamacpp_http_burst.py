@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_engine import machine
+from llamacpp_waiting_cost import interleaved, write_record
 from parallel_sampling import CLIENT_CORE, served_llama
 
 from servelab.engines.metrics import parse_metrics_text
@@ -95,6 +95,12 @@ def one_setting(url: str, texts: list[str], spacing: float) -> dict[str, Any]:
     return {"spacing_s": spacing, "requests": len(texts), "held": count}
 
 
+def after_idle(server: Any, texts: list[str], spacing: float) -> dict[str, Any]:
+    """One setting, after the pool's dynamic threads have had time to exit."""
+    time.sleep(IDLE_EXIT_S)
+    return one_setting(server.url, texts, spacing)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -109,27 +115,15 @@ def main() -> int:
     os.sched_setaffinity(0, {CLIENT_CORE})
     count = args.cycles * len(args.spacing) * args.requests
     texts = [text for text, _ in warmup_prompts(19, count, PROMPT_TOKENS)]
-    rows = []
     started = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="servelab-burst-") as tmp,
         served_llama(Path(tmp)) as server,
     ):
-        for cycle in range(args.cycles):
-            for spacing in args.spacing:
-                time.sleep(IDLE_EXIT_S)
-                fresh, texts = texts[: args.requests], texts[args.requests :]
-                row = {"cycle": cycle, **one_setting(server.url, fresh, spacing)}
-                rows.append(row)
-                print(row, flush=True)
-    if args.out is not None:
-        record = {
-            "machine": machine(),
-            "settings": {**vars(args), "out": str(args.out)},
-            "wall_s": round(time.perf_counter() - started, 1),
-            "rows": rows,
-        }
-        args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        rows = interleaved(
+            server, texts, list(args.spacing), args.cycles, args.requests, after_idle
+        )
+    write_record(args, started, rows)
     return 0
 
 

@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,41 @@ def one_setting(
     }
 
 
+def interleaved(
+    server: LlamaServer,
+    texts: list[str],
+    settings: list[Any],
+    cycles: int,
+    per_setting: int,
+    measure: Callable[[LlamaServer, list[str], Any], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """`measure(server, fresh prompts, setting)` for every setting in every cycle, settings
+    interleaved within a cycle, each on `per_setting` prompts not sent before; the rows, printed
+    as they come."""
+    rows = []
+    for cycle in range(cycles):
+        for setting in settings:
+            fresh, texts = texts[:per_setting], texts[per_setting:]
+            row = {"cycle": cycle, **measure(server, fresh, setting)}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def write_record(args: argparse.Namespace, started: float, rows: list, **extra: Any) -> None:
+    """`--out`'s JSON: the machine, the settings, the wall time, the rows and `extra`."""
+    if args.out is None:
+        return
+    record = {
+        "machine": machine(),
+        "settings": {**vars(args), "out": str(args.out)},
+        "wall_s": round(time.perf_counter() - started, 1),
+        "rows": rows,
+        **extra,
+    }
+    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -157,21 +193,19 @@ def main() -> int:
     settings = [(w, a) for w in args.waiting for a in args.arrival]
     count = args.cycles * len(settings) * per_setting
     texts = [text for text, _ in warmup_prompts(7, count, args.prompt_tokens)]
-    rows = []
     started = time.perf_counter()
     with (
         tempfile.TemporaryDirectory(prefix="servelab-waiting-") as tmp,
         served_llama(Path(tmp)) as server,
     ):
-        for cycle in range(args.cycles):
-            for waiting, arrival in settings:
-                fresh, texts = texts[:per_setting], texts[per_setting:]
-                row = {
-                    "cycle": cycle,
-                    **one_setting(server, fresh, waiting, args.output_tokens, arrival),
-                }
-                rows.append(row)
-                print(row, flush=True)
+        rows = interleaved(
+            server,
+            texts,
+            settings,
+            args.cycles,
+            per_setting,
+            lambda srv, fresh, s: one_setting(srv, fresh, s[0], args.output_tokens, s[1]),
+        )
     summary = {
         key: {
             f"{w} {a}": round(
@@ -191,15 +225,7 @@ def main() -> int:
         )
     }
     print(f"by requests waiting, the median over cycles: {summary}")
-    if args.out is not None:
-        record = {
-            "machine": machine(),
-            "settings": {**vars(args), "out": str(args.out)},
-            "wall_s": round(time.perf_counter() - started, 1),
-            "rows": rows,
-            "by_waiting": summary,
-        }
-        args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_record(args, started, rows, by_waiting=summary)
     return 0
 
 
