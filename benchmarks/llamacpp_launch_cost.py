@@ -13,10 +13,10 @@ every prompt (`--cache-ram 8192` MiB by default holds thousands of the tiny mode
 and load compare the prompt with every entry, so that time grows with the server's history.
 
 Every llama.cpp deployment's `server.log` under `--results/deployments/` is split into the lives
-of its server (each start's first line, `servelab.engines.llamacpp.SERVER_START`), and each launch is numbered by the
-requests that server had launched before it. Printed: per deployment, the server lives, the most
-requests one life launched, and the median launch time by history bin (`--bin` requests wide),
-with the launches in each bin. Only the logs are read: a server started before each run has a
+of its server (each start's first line, `servelab.engines.llamacpp.SERVER_START`), and each
+launch is numbered by the requests that server had launched before it. Printed: per
+deployment, the server lives, the most requests one life launched, and the median launch time
+by history bin (`--bin` requests wide), with the launches in each bin. Only the logs are read: a server started before each run has a
 short history, one that served the whole campaign a long one.
 """
 

@@ -2,18 +2,21 @@
 fifth measurement").
 
     .venv/bin/python benchmarks/llamacpp_waiting_cost.py [--waiting 0 4 12] [--cycles 3]
-        [--output-tokens 200] [--arrival during before] [--out OUT.json]
+        [--output-tokens 200] [--prompt-tokens 128] [--arrival during before] [--out OUT.json]
 
 Past saturation the real llama-server's passes take longer than the fitted CPU platform says,
 with the same passes and tokens a pass as the simulated server (benchmarks/sim_vs_real_passes.py).
 A loaded run differs from the floor in the requests that wait for a slot: their HTTP threads
-(llama-server serves with 8, `init: using N threads for HTTP server`) share the engine's pinned
-core. This measures that alone. llama-server (the CPU pair's flags: four slots, one thread) runs
-on core 1, the client on core 0. Four greedy requests of fresh 128-token prompts fill the slots
-and decode `--output-tokens` tokens; 0.3 s later, `--waiting` more requests are sent, which wait
-for a slot until the four finish (`--arrival during`, as in a loaded run; `before` sends them
-0.02 s after the four, before the four's first token, as the floor's warm-ups arrive). The four's median gap between tokens, from 0.35 s after the
-first of them starts to the first one's end, is the pass time with that many requests waiting.
+(a thread each: 8 fixed and the rest spawned, servelab.sim.llamacpp `_accept`; the waiting
+requests are sent from client threads a few ms apart, so each gets one) share the engine's
+pinned core. This measures that alone. llama-server (the CPU pair's flags: four slots, one
+thread) runs on core 1, the client on core 0. Four greedy requests of fresh `--prompt-tokens`-token prompts
+(128) fill the slots and decode `--output-tokens` tokens; 0.3 s later, `--waiting` more requests
+are sent, which wait for a slot until the four finish (`--arrival during`, as in a loaded run;
+`before` sends them 0.02 s after the four, before the four's first token, as the floor's
+warm-ups arrive). The four's median gap between tokens, from 0.35 s after the first of them
+starts to the first one's end, is the pass time with that many requests waiting; each
+decoder's first-to-last span a token is the same read where the client took tokens in clumps.
 The settings are interleaved over `--cycles` cycles; llama-server's own count of `llama_decode`
 calls around each (`llamacpp:n_decode_total`) shows the four shared every pass.
 """

@@ -7,6 +7,7 @@ pure function of the server's request index) and the run status the success chec
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Sequence
 
@@ -218,13 +219,17 @@ def test_release_times_warmup_and_lag(client: str) -> None:
     ]
 
 
-def test_warm_ups_are_sent_their_spacing_apart(client: str) -> None:
+def test_warm_ups_are_sent_their_spacing_apart(
+    client: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """With `warmup_spacing_s` the k-th warm-up is due at k x the spacing, and sent then (a
     burst of connections reaches llama-server's HTTP pool only as far as it had idle threads:
     servelab.sim.llamacpp, `_accept`)."""
     warmup = [RequestSpec(f"warmup-{i}", -1, "warmup", True, 4, [1, 2]) for i in range(4)]
-    with server() as srv:
+    with server() as srv, caplog.at_level(logging.INFO, logger="servelab.dispatch.client"):
         result = dispatch(srv, graph(), warmup=warmup, warmup_spacing_s=0.05, client=client).run()
+    # the warm-up phase ends once, after every warm-up, whichever client sent them
+    assert sum("warm-up done" in r.getMessage() for r in caplog.records) == 1
     warm = [r for r in result.records if r.warmup]
     assert [w.scheduled_s for w in warm] == pytest.approx([0.0, 0.05, 0.10, 0.15])
     sent = [w.sent_s for w in warm]

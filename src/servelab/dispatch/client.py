@@ -504,6 +504,8 @@ class Dispatcher:
                 rec.scheduled_s = k * spacing
                 tasks.append(asyncio.create_task(self._send_warmup_at(rec)))
             await asyncio.gather(*tasks)
+        ok = sum(1 for s in self.warmup if self._records[s.request_id].status == "ok")
+        log.info("warm-up done at %.3f s: %d/%d ok", self.clock(), ok, len(self.warmup))
 
     async def _send_warmup_at(self, rec: RequestRecord) -> None:
         """Send a warm-up at its scheduled time (at once when that has passed)."""
@@ -512,8 +514,6 @@ class Dispatcher:
         if delay > 0:
             await asyncio.sleep(delay)
         await self._send(rec)
-        ok = sum(1 for s in self.warmup if self._records[s.request_id].status == "ok")
-        log.info("warm-up done at %.3f s: %d/%d ok", self.clock(), ok, len(self.warmup))
 
     async def _run_trace(self) -> None:
         self._push([(self._trace_t0 + t_s, rid) for t_s, rid in self.tracker.initial()])

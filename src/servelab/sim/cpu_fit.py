@@ -12,8 +12,9 @@ what separates `step_s` from the per-request terms (with one request at a time a
 sampled sequence always come together). Each floor run's warm-ups are replayed as they were
 sent, together or config `dispatch.warmup_spacing_s` apart; they price decode passes of several
 (with config `floor.warmup_prompt_tokens`, long and distinct) contexts, so their gaps enter the
-fit and their times to first token, a batch's queueing and prefill, do not. Non-negative least squares (scipy.optimize.nnls) on
-relative error gives the coefficients; the fit report keeps the residuals.
+fit and their times to first token, a batch's queueing and prefill, do not. Non-negative least
+squares (scipy.optimize.nnls) on relative error gives the coefficients; the fit report keeps the
+residuals.
 
 `predict_run` then runs one loaded run of the grid on the fitted platform (the sim_vs_real rules).
 """
@@ -168,9 +169,10 @@ def floor_rows(
 ) -> list[FitRow]:
     """Every floor request of `run` replayed through the engine's simulated scheduler as it was
     sent: the run's warm-ups at their scheduled times (the floor's only passes with more than one
-    sequence: the decode cost against batch size), then the floor's requests one at a time. One TTFT row and one
-    row per inter-token gap, each with the features of the passes it spans. `timing`: a step cost
-    fitted before, whose step and front-end times decide which pass admits each warm-up.
+    sequence: the decode cost against batch size), then the floor's requests one at a time. One
+    TTFT row and one row per inter-token gap, each with the features of the passes it spans.
+    `timing`: a step cost fitted before, whose step and front-end times decide which pass admits
+    each warm-up.
     `warmup_rows`: which of the warm-ups' times are rows (WarmupRows)."""
     if warmup_rows not in WARMUP_ROWS:
         raise ValueError(f"warmup_rows {warmup_rows!r}: not one of {', '.join(WARMUP_ROWS)}")
