@@ -2,7 +2,7 @@
 docs/benchmarks/sim-vs-real.md, "Light load on the fifth measurement")
 
     .venv/bin/python benchmarks/idle_wake_cost.py [--engine llamacpp|vllm] [--idle 0 0.1 1]
-        [--cycles 3] [--requests 8] [--fresh-tokens 512] [--engine-flag=FLAG ...]
+        [--cycles 3] [--requests 8] [--after 1] [--fresh-tokens 512] [--engine-flag=FLAG ...]
         [--out OUT.json]
     .venv/bin/python benchmarks/idle_wake_cost.py --from OUT.json
 
@@ -16,7 +16,9 @@ prefix shared by every request (cached after the first) and the rest fresh (`--f
 one output token, not streamed, so its latency is its time to first token and the engine computes
 the fresh tokens. Two fresh sizes tell a fixed wake-up cost from a slower pass. Before
 each request the client sleeps the setting's idle time; the settings are interleaved in a
-shuffled order over `--cycles` cycles, `--requests` each.
+shuffled order over `--cycles` cycles, `--requests` each. With `--after K` each sleep is
+followed by K requests back to back, and the server's `prompt_ms` is also printed by position
+after the sleep: how many requests the engine takes to come back to speed.
 
 Printed per idle time: the median client latency (and each cycle's) and, for llama-server, the
 server's own `timings.prompt_ms` (its forward passes of the prompt, no HTTP), each as a ratio to
@@ -77,6 +79,7 @@ def measure(
     requests: int,
     flags: tuple[str, ...],
     fresh_tokens: int = FRESH_TOKENS,
+    after: int = 1,
 ) -> dict[str, Any]:
     os.sched_setaffinity(0, {CLIENT_CORE})
     rng = random.Random(0)
@@ -87,6 +90,7 @@ def measure(
 
     samples: dict[float, list[tuple[float, float | None]]] = {s: [] for s in idle}
     per_cycle: dict[float, list[float]] = {s: [] for s in idle}
+    by_position: dict[float, list[list[float]]] = {s: [[] for _ in range(after)] for s in idle}
     with (
         tempfile.TemporaryDirectory() as scratch,
         served(engine, Path(scratch), flags) as url,
@@ -101,8 +105,13 @@ def measure(
                 latencies = []
                 for _ in range(requests):
                     time.sleep(setting)
-                    samples[setting].append(one_request(client, prompt()))
-                    latencies.append(samples[setting][-1][0])
+                    for position in range(after):
+                        sample = one_request(client, prompt())
+                        if position == 0:
+                            samples[setting].append(sample)
+                            latencies.append(sample[0])
+                        if sample[1] is not None:
+                            by_position[setting][position].append(sample[1])
                 per_cycle[setting].append(round(1e3 * statistics.median(latencies), 2))
             print(f"cycle {cycle + 1} of {cycles} done", flush=True)
     base_latency = statistics.median(lat for lat, _ in samples[idle[0]])
@@ -124,7 +133,7 @@ def measure(
                 statistics.median(prompt_ms) / statistics.median(base_prompt), 3
             )
         rows.append(row)
-    return {
+    result: dict[str, Any] = {
         "engine": engine,
         "flags": list(flags),
         "prefix_tokens": PREFIX_TOKENS,
@@ -132,6 +141,14 @@ def measure(
         "cycles": cycles,
         "rows": rows,
     }
+    if after > 1 and base_prompt:
+        base = statistics.median(base_prompt)
+        result["after"] = after
+        result["prompt_ratio_by_position"] = {
+            str(setting): [round(statistics.median(v) / base, 3) if v else None for v in positions]
+            for setting, positions in by_position.items()
+        }
+    return result
 
 
 def cycle_counts(result: dict[str, Any]) -> dict[str, int]:
@@ -158,6 +175,7 @@ def main() -> int:
     parser.add_argument("--idle", type=float, nargs="+", default=list(IDLE_S))
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--after", type=int, default=1, help="requests back to back after a sleep")
     parser.add_argument("--fresh-tokens", type=int, default=FRESH_TOKENS)
     parser.add_argument("--engine-flag", action="append", default=[], dest="flags")
     parser.add_argument("--out", type=Path)
@@ -174,6 +192,7 @@ def main() -> int:
             args.requests,
             tuple(args.flags),
             args.fresh_tokens,
+            args.after,
         )
     print(f"{'idle s':>7} {'n':>4} {'latency ms':>11} {'ratio':>6} {'prompt_ms':>10} {'ratio':>6}")
     for row in result["rows"]:
@@ -182,6 +201,8 @@ def main() -> int:
             f"{row['latency_ratio']:6.3f} {row.get('prompt_ms', float('nan')):10.2f} "
             f"{row.get('prompt_ratio', float('nan')):6.3f}  by cycle {row['latency_ms_by_cycle']}"
         )
+    for setting, ratios in result.get("prompt_ratio_by_position", {}).items():
+        print(f"prompt_ms ratio by position after {float(setting):g} s idle: {ratios}")
     counts = cycle_counts(result)
     print(
         f"idle {result['rows'][0]['idle_s']:g} s lowest in {counts['first_setting_lowest']} of "

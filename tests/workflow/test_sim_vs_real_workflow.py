@@ -56,6 +56,13 @@ def test_the_comparison_predicts_every_run_of_the_grid_once() -> None:
     assert jobs["sim_vs_real"] == 1 and jobs["cpu_platform"] == 1
 
 
+def test_every_condition_of_the_comparison_offers_twelve_graphs_a_repetition() -> None:
+    # a repetition of fewer graphs is one graph's critical path, not a rate's percentiles
+    config = yaml.safe_load((REPO / "config" / "sim-vs-real.yaml").read_text())
+    offered = {f"rate-{c['rate']:.2f}": c["rate"] * c["duration_s"] for c in config["conditions"]}
+    assert offered and all(graphs >= 12 for graphs in offered.values()), offered
+
+
 def test_the_cpu_pair_runs_on_the_sim_backend_with_a_fitted_platform(tmp_path: Path) -> None:
     shutil.copytree(REPO / "config", tmp_path / "config")
     short = {"repetitions": 1, "dispatch": {"warmup_requests": 1}}
