@@ -9,7 +9,8 @@ fit can see. This prints, per engine and arm, from a `make sim-vs-real` results 
 
 - the floor's median TTFT on the condition's shape (all floor repetitions pooled);
 - the lone requests' median TTFT in the loaded runs, real and predicted (the same requests), and by
-  the engine's idle time before them (how long since the previous request's last token);
+  the engine's idle time before them (how long since the previous request's last token), with
+  each idle bin's median predicted ÷ real;
 - the lone requests' predicted ÷ real TTFT after less and more than `IDLE_SPLIT_S` of idle, and
   within each run the ratio of the two (the prediction prices each request's own work, so this
   compares like with like, and comparing within a run leaves out the machine's slow periods);
@@ -33,7 +34,9 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-IDLE_BINS_S = ((0.0, 0.005), (0.005, 0.1), (0.1, float("inf")))
+# the last split at 1 s since the eleventh measurement: llama-server's pass after 1-9 s idle is
+# 1.3-1.6 times slower (idle_wake_cost.py --after), after 0.1-0.3 s about 1.1-1.2
+IDLE_BINS_S = ((0.0, 0.005), (0.005, 0.1), (0.1, 1.0), (1.0, float("inf")))
 IDLE_SPLIT_S = 0.1
 LIGHT_RATE = 1.0  # graphs/s: the light-load rates, where TTFT p50 is checked against lone work
 
@@ -114,13 +117,14 @@ def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
                 if not warmup and np.isfinite(ttft) and rid in guessed:
                     kind = "lone" if rid in alone_ids else "with_others"
                     classes[kind].append(guessed[rid] / ttft)
-    real_a, idle_a = np.asarray(real), np.asarray(idle)
+    real_a, idle_a, predicted_a = np.asarray(real), np.asarray(idle), np.asarray(predicted)
     by_idle = {}
     for lo, hi in IDLE_BINS_S:
         mask = (idle_a >= lo) & (idle_a < hi)
         by_idle[f"{lo:g}-{hi:g} s"] = {
             "n": int(mask.sum()),
             "real_ms": round(float(np.median(real_a[mask])) * 1e3, 1) if mask.any() else None,
+            "predicted_over_real": _median_ratio(list(predicted_a[mask] / real_a[mask])),
         }
     floor_ms = float(np.median(floor_ttft)) * 1e3 if floor_ttft.size else float("nan")
     real_ms = float(np.median(real_a)) * 1e3 if real_a.size else float("nan")

@@ -32,10 +32,11 @@ def write_run(
     waiting: float,
     backlog_s: float = 0.0,
     status: str = "ok",
+    per_graph: int = 1,
 ) -> Path:
     """A run of `n` requests sent evenly over `span_s`, each answering after `ttft` (plus
     `backlog_s` more for each request before it: a queue that grows) with 4 tokens `gap` apart,
-    and a waiting gauge at `waiting`."""
+    and a waiting gauge at `waiting`; `per_graph` consecutive requests make one agent graph."""
     rows = []
     for i in range(n):
         sent = span_s * i / n
@@ -44,7 +45,7 @@ def write_run(
             {
                 "run_id": "r",
                 "request_id": f"g{i}-p",
-                "graph_id": i,
+                "graph_id": i // per_graph,
                 "role": "planner",
                 "warmup": False,
                 "scheduled_s": sent,
@@ -130,7 +131,9 @@ def test_each_row_has_the_real_mean_its_repetition_interval_the_prediction_and_t
     rows, summary, waiting = compare_runs(pairs(tmp_path))
     light = next(r for r in rows if r["rate"] == 1.0)
     assert light["reps"] == 2
-    # graph 0 is excluded from the latency sample (the analysis's own rule)
+    # graph 0 is excluded from the latency sample (the analysis's own rule): 19 requests of 19
+    # graphs a repetition
+    assert (light["sample_requests"], light["sample_graphs"]) == (38, 38)
     assert light["ttft_p50_real"] == pytest.approx(0.12)
     assert (light["ttft_p50_real_min"], light["ttft_p50_real_max"]) == pytest.approx((0.10, 0.14))
     assert light["ttft_p50_predicted"] == pytest.approx(0.09)
@@ -162,7 +165,32 @@ def test_a_real_run_that_is_not_ok_leaves_the_comparison_with_its_prediction(
     rows, _summary, _waiting = compare_runs(made)
     light = next(r for r in rows if r["rate"] == 1.0)
     assert (light["reps"], light["not_ok"]) == (1, 1)
+    assert (light["sample_requests"], light["sample_graphs"]) == (19, 19)  # the kept run's alone
     assert light["ttft_p50_real"] == pytest.approx(0.14)
+
+
+def test_a_row_counts_the_requests_and_graphs_its_latency_percentiles_rest_on(
+    tmp_path: Path,
+) -> None:
+    # three graphs of six requests a repetition: graph 0 leaves the latency sample
+    made = []
+    for rep in ("rep1", "rep2"):
+        runs = [
+            write_run(
+                tmp_path / side / rep,
+                ttft=0.1,
+                gap=0.01,
+                n=18,
+                span_s=12.0,
+                offered=3.0,
+                waiting=0.0,
+                per_graph=6,
+            )
+            for side in ("real", "pred")
+        ]
+        made.append(RunPair("llamacpp", "defaults", "rate-0.50", rep, 0.5, 12.0, *runs))
+    rows, _summary, _waiting = compare_runs(made)
+    assert (rows[0]["sample_requests"], rows[0]["sample_graphs"]) == (24, 4)
 
 
 def test_the_saturation_rate_is_where_x_stops_keeping_pace() -> None:

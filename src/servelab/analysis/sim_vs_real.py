@@ -11,7 +11,10 @@ reduce), so a metric means the same on both sides. Per (engine, arm, condition):
   own gauge: `requests_waiting` in its metric map), each as the real value's mean over repetitions
   with its repetition interval (the smallest and largest repetition), the predicted mean, and the
   ratio predicted / real (`reps` real runs with status ok; `not_ok` counts those left out: a run
-  refused for its machine load is no measurement);
+  refused for its machine load is no measurement). `sample_requests` and `sample_graphs` count
+  what the real TTFT and TPOT percentiles rest on, over the kept repetitions: the latency
+  sample's requests and the agent graphs they belong to (a graph's requests share its prefix and
+  its queue, so a row of few graphs is a few graphs' critical paths, not a rate's percentiles);
 - the saturation rate of each side (the rate at which X falls below `keeps_pace` × the traces'
   realised arrival rate, `arrivals_rps`, interpolated between the sweep's rates) in `sim_vs_real.json`, with the issue's goals checked:
   TTFT p50 within ±25% and p95 within ±35% at rates up to 90% of the real saturation, X within 5%
@@ -129,6 +132,8 @@ def read_run(run_dir: Path, engine: str, duration_s: float) -> RunReading:
         "waiting_mean": float(np.mean(waiting)) if waiting else math.nan,
         "offered_rps": float(record["offered_load_rps"]),
         "arrivals_rps": metrics.n_requests / duration_s,
+        "sample_requests": float(sample_rows.size),
+        "sample_graphs": float(np.unique(req.graph_id[sample_rows]).size),
     }
     return RunReading(str(record["status"]), values, iteration_profile(table), series)
 
@@ -232,6 +237,8 @@ def compare_runs(
             "arrivals_rps": float(np.mean([r["arrivals_rps"] for r in real])),
             "reps": len(members),
             "not_ok": not_ok,
+            "sample_requests": int(sum(r["sample_requests"] for r in real)),
+            "sample_graphs": int(sum(r["sample_graphs"] for r in real)),
         }
         for metric in METRICS:
             values = np.array([r[metric] for r in real], dtype=float)
@@ -355,6 +362,8 @@ def write_sim_vs_real(
         "arrivals_rps",
         "reps",
         "not_ok",
+        "sample_requests",
+        "sample_graphs",
     ] + [
         f"{m}_{part}"
         for m in METRICS
