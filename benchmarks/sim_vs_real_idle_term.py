@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
-from sim_vs_real_fit_rules import fit_platform, score, tally
+from sim_vs_real_fit_rules import fit_platform, loaded_runs, score, tally
 from sim_vs_real_slowdown import add_config_arguments, config_of
 
 from servelab.sim.llamacpp import LlamacppModel
@@ -82,6 +82,8 @@ def main() -> int:
         raise SystemExit("--gain must be >= 0, --rise-s and --decay-s > 0")
     config = config_of(args)
     runs = floor_runs(args.results)
+    if not runs or not loaded_runs(args.results):
+        raise SystemExit(f"{args.results}: no ok floor run or no loaded run to score")
     platform = fit_platform(runs, dict.fromkeys(sorted({r.engine for r in runs}), "gaps"), config)
     out: dict[str, Any] = {
         "results": str(args.results),

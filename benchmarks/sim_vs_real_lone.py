@@ -16,7 +16,7 @@ fit can see. This prints, per engine and arm, from a `make sim-vs-real` results 
   compares like with like, and comparing within a run leaves out the machine's slow periods);
 - at each rate up to `LIGHT_RATE` graphs/s, the median predicted ÷ real TTFT of the lone
   requests and of the rest (sent while another was in flight, or met by one before their first
-  token);
+  token), and of the lone ones by their idle before;
 - how busy the client's cores were (`machine_load` of every run.json: the busy share of the
   client's pinned cores over the run's window), median over the floor runs (every shape) and over
   the loaded runs: a busy client core slows the engine's (benchmarks/core_interference.py).
@@ -92,6 +92,7 @@ def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
     real, predicted, idle = [], [], []
     within_run: list[float] = []
     light: dict[str, dict[str, list[float]]] = {}
+    lone_idle: dict[str, list[tuple[float, float]]] = {}  # light rate -> (pred ÷ real, idle)
     loaded = sorted((results / "runs" / arm / engine).glob("rate-*/rep*"))
     for run in loaded:
         measured = requests(run / "requests.parquet")
@@ -110,6 +111,9 @@ def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
         rate = float(run.parent.name.removeprefix("rate-"))
         if rate <= LIGHT_RATE:
             classes = light.setdefault(f"{rate:g}", {"lone": [], "with_others": []})
+            lone_idle.setdefault(f"{rate:g}", []).extend(
+                (guessed[rid] / t, before) for rid, t, before in alone
+            )
             alone_ids = {rid for rid, _t, _b in alone}
             for rid, ttft, warmup in zip(
                 measured["id"], measured["ttft"], measured["warmup"], strict=True
@@ -151,7 +155,14 @@ def summary(results: Path, arm: str, engine: str) -> dict[str, Any]:
             "median": _median_ratio(within_run),
         },
         "light_load_predicted_over_real": {
-            rate: {kind: {"n": len(v), "median": _median_ratio(v)} for kind, v in c.items()}
+            rate: {
+                **{kind: {"n": len(v), "median": _median_ratio(v)} for kind, v in c.items()},
+                "lone_by_idle_before": {
+                    f"{lo:g}-{hi:g} s": {"n": len(v), "median": _median_ratio(v)}
+                    for lo, hi in IDLE_BINS_S
+                    for v in [[r for r, i in lone_idle[rate] if lo <= i < hi]]
+                },
+            }
             for rate, c in light.items()
         },
         "client_busy_floor": client_busy(
