@@ -86,7 +86,7 @@ def fit_platform(
             without=without,
             fixed=(fixed or {}).get(engine),
         )
-        engines[engine] = {"step_cost": cost.coefficients(), "fit": report}
+        engines[engine] = {"step_cost": cost.coefficients() | cost.after_idle(), "fit": report}
     return {"model_preset": model_preset, "engines": engines}
 
 

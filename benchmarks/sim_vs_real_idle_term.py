@@ -13,24 +13,23 @@ would change, on a measurement already made: it fits the platform from the resul
 floor as the workflow does (`sim_vs_real_fit_rules.py`'s `gaps` rule), predicts every loaded run
 twice, as the workflow does and with the term, and prints the goal checks of each.
 
-The term is a coldness c in [0, 1] of the simulated llama-server. While the server idles, c rises
-toward 1 with time constant `--rise-s`. A llama_decode call costs (1 + gain * c) times its
-modelled time, and c then decays by exp(-call time / `--decay-s`). The defaults are the
-benchmark's shape read by eye, not a fit. The term lives in this script only: it wraps the
-simulated server's `_run` and `_decode_time` for the script's own predictions and restores them.
-vLLM's model is left as it is. Nothing under `--results` is written.
+The term is the CPU platform's own after-idle term (servelab.sim.cpu_platform): a coldness c in
+[0, 1] that rises toward 1 with time constant `--rise-s` while the engine idles; a pass costs
+(1 + gain * c) times its linear time, and c then decays by exp(-pass time / `--decay-s`). The
+workflow fits it from a floor with idle gaps (config `floor.idle_gaps`); this script sets it by
+hand on llama.cpp's fitted step cost, replacing any fitted one, to ask what given constants would
+do. The defaults are the benchmark's shape read by eye, not a fit. vLLM's step cost is left as
+fitted. Nothing under `--results` is written.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import copy
 import json
-import math
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,33 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
 from sim_vs_real_fit_rules import fit_platform, loaded_runs, score, tally
 from sim_vs_real_slowdown import add_config_arguments, config_of
-
-from servelab.sim.llamacpp import LlamacppModel
-
-
-@contextlib.contextmanager
-def after_idle_term(gain: float, rise_s: float, decay_s: float) -> Iterator[None]:
-    """The simulated llama-server with the module docstring's after-idle term, for the block."""
-    run, decode_time = LlamacppModel._run, LlamacppModel._decode_time
-
-    def slowed_run(self: Any, now: float, *args: Any, **kwargs: Any) -> Any:
-        idle = max(0.0, now - self._last_end)
-        cold = getattr(self, "_cold", 0.0)
-        self._cold = 1.0 - (1.0 - cold) * math.exp(-idle / rise_s)
-        return run(self, now, *args, **kwargs)
-
-    def slowed_decode_time(self: Any, sub: Any) -> float:
-        seconds = float(decode_time(self, sub)) * (1.0 + gain * self._cold)
-        self._cold *= math.exp(-seconds / decay_s)
-        return seconds
-
-    LlamacppModel._run = slowed_run  # type: ignore[method-assign]
-    LlamacppModel._decode_time = slowed_decode_time  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        LlamacppModel._run = run  # type: ignore[method-assign]
-        LlamacppModel._decode_time = decode_time  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -89,13 +61,14 @@ def main() -> int:
         "results": str(args.results),
         "term": {"gain": args.gain, "rise_s": args.rise_s, "decay_s": args.decay_s},
     }
-    for name, term in (
-        ("as the workflow", contextlib.nullcontext()),
-        ("with the term", after_idle_term(args.gain, args.rise_s, args.decay_s)),
-    ):
+    given = copy.deepcopy(platform)
+    given["engines"]["llamacpp"]["step_cost"].update(
+        idle_gain=args.gain, idle_rise_s=args.rise_s, idle_decay_s=args.decay_s
+    )
+    for name, scored in (("as the workflow", platform), ("with the term", given)):
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp, term:
-            summary = score(platform, args.results, config, Path(tmp))
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = score(scored, args.results, config, Path(tmp))
         result = tally(summary)
         result["ratios"] = {  # every goal check's predicted ÷ real, met or not
             f"{s['engine']}/{s['arm']}": {

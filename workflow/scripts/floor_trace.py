@@ -2,7 +2,7 @@
 
 from servelab.grid.config import FloorShape
 from servelab.workflow_io import log_to
-from servelab.workload.floor import compile_floor_trace_files
+from servelab.workload.floor import IdleGaps, compile_floor_trace_files
 
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     # the shape whose id is the {floor} wildcard (the workflow's floor shapes are keyed by it)
@@ -18,4 +18,5 @@ with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
         tokenizer=str(snakemake.params.tokenizer),
         trace_path=snakemake.output.trace,
         manifest_path=snakemake.output.manifest,
+        idle_gaps=IdleGaps.from_config(snakemake.params.shape.get("idle_gaps")),
     )

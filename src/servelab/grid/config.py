@@ -55,6 +55,7 @@ __all__ = [
     "deployments",
     "drop_removed_engines",
     "floor_blocks",
+    "floor_idle_gaps",
     "floor_run_config",
     "floor_settings",
     "gpu_nodes",
@@ -866,6 +867,14 @@ def floor_run_config(config: Mapping[str, Any], engine: str | None = None) -> di
     if not given:
         return dict(config)
     return {**config, "dispatch": {**config["dispatch"], **given}}
+
+
+def floor_idle_gaps(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Config `floor.idle_gaps` ({every, seconds}; servelab.workload.floor), or None."""
+    given = (config.get("floor") or {}).get("idle_gaps")
+    if not given:
+        return None
+    return {"every": int(given["every"]), "seconds": [float(x) for x in given["seconds"]]}
 
 
 def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:

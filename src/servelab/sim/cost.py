@@ -73,6 +73,7 @@ class _TimesIterations(Protocol):
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
         wakeups: float = 0.0,
+        start_s: float | None = None,
     ) -> float: ...
 
 
@@ -197,6 +198,7 @@ class CostModel(OnePassTimes):
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
         wakeups: float = 0.0,
+        start_s: float | None = None,
     ) -> float:
         """Seconds for one forward pass plus the engine's per-iteration overhead.
 
@@ -214,8 +216,11 @@ class CostModel(OnePassTimes):
         `mask_work`); wakeups: HTTP threads woken for another request's result since the last
         pass (servelab.sim.llamacpp, `_send`). The roofline charges none of them (the CPU
         platform does).
+        start_s: when the pass starts, for a platform whose pass costs more after an idle (the
+        CPU platform's after-idle term: servelab.sim.cpu_platform, `AfterIdleClock`); the
+        roofline has no such term.
         """
-        del admitted, mask_cells, mask_checks, wakeups
+        del admitted, mask_cells, mask_checks, wakeups, start_s
         t_compute = (
             tokens * self._lin_flops_tok + sampled * self._head_flops_seq
         ) / self._gemm_rate

@@ -16,11 +16,21 @@ fit and their times to first token, a batch's queueing and prefill, do not. Non-
 squares (scipy.optimize.nnls) on relative error gives the coefficients; the fit report keeps the
 residuals.
 
+A floor with idle gaps (config `floor.idle_gaps`; servelab.workload.floor) also prices what a pass
+costs after an idle (servelab.sim.cpu_platform, the after-idle term). The replay idles as the real
+engine did, for each request's gap, and the request after a gap and the next one
+(AFTER_IDLE_REQUESTS) are kept out of the linear fit. Once the linear model has settled,
+`fit_after_idle` fits the term's gain, rise and decay to those requests' TTFT and gaps, on the
+replay's own passes at the linear model's times (scipy.optimize.least_squares, a robust loss on
+relative error). Without idle gaps there are no such rows, and no term.
+
 `predict_run` then runs one loaded run of the grid on the fitted platform (the sim_vs_real rules).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,24 +39,34 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 import pyarrow.parquet as pq
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
 from servelab.artifacts import write_json
 from servelab.grid.config import conditions, deployment_for, offered_load
 from servelab.grid.settings import PlatformSettings
-from servelab.sim.cpu_platform import COEFFICIENTS, FEATURES, FeatureRecorder, StepCost
+from servelab.sim.cpu_platform import (
+    COEFFICIENTS,
+    FEATURES,
+    FeatureRecorder,
+    StepCost,
+    after_idle_step,
+)
 from servelab.sim.platform import PlatformModel
 from servelab.sim.run import build_engine, simulate_run_files
 from servelab.workload.loader import load_trace
 
 __all__ = [
+    "AFTER_IDLE_REQUESTS",
     "WARMUP_ROWS",
     "Equation",
     "FitRow",
+    "FloorPasses",
     "FloorRun",
     "WarmupRows",
+    "fit_after_idle",
     "fit_step_cost",
     "floor_noise",
+    "floor_passes",
     "floor_rows",
     "observed_times",
     "predict_run",
@@ -79,6 +99,33 @@ class FitRow:
     kind: str  # "ttft" or "itl"
     observed_s: float
     features: np.ndarray
+    # the replay's passes it spans, [first, last), in its FloorPasses
+    passes: tuple[int, int] = (0, 0)
+    # a request after an idle gap, or AFTER_IDLE_REQUESTS - 1 after it: not a row of the linear fit
+    after_idle: bool = False
+
+
+@dataclass(frozen=True)
+class FloorPasses:
+    """One floor run's replay: its rows, and every pass the replay made, in order: its features,
+    when it started and how long it took on the replay's timing."""
+
+    rows: list[FitRow]
+    features: np.ndarray  # passes × FEATURES
+    starts: np.ndarray  # seconds; NaN where the engine model gave no start
+    durations: np.ndarray
+
+    def idles(self) -> np.ndarray:
+        """Seconds each pass waited after the one before it ended (0 for the first)."""
+        ends = self.starts + self.durations
+        idle = np.zeros(len(self.starts))
+        idle[1:] = np.nan_to_num(self.starts[1:] - ends[:-1], nan=0.0)
+        return np.maximum(idle, 0.0)
+
+
+# Requests kept out of the linear fit from each idle gap on: the one after it, and the next (a
+# llama-server pass recovers over about 0.1 s of work: benchmarks/idle_wake_cost.py --after).
+AFTER_IDLE_REQUESTS = 2
 
 
 def observed_times(
@@ -111,21 +158,26 @@ def _replay(
     recorder: FeatureRecorder,
     group: Sequence[tuple[str, np.ndarray, int, float]],
     now: float,
-) -> tuple[dict[str, list[np.ndarray]], float]:
+) -> tuple[dict[str, list[tuple[np.ndarray, tuple[int, int]]]], float]:
     """Send `group` (request id, prompt ids, max_tokens, seconds after `now`) at its times and
     step the model until it is idle: per request, the summed features of the passes from its
-    send up to each of its tokens (the first: its TTFT; each later one: an inter-token gap).
-    Requests sent at one time reach the engine together (an HTTP pool may take only some of
-    them: servelab.sim.llamacpp, `_accept`)."""
+    send up to each of its tokens (the first: its TTFT; each later one: an inter-token gap),
+    with the range of the recorder's calls they span. Requests sent at one time reach the
+    engine together (an HTTP pool may take only some of them: servelab.sim.llamacpp,
+    `_accept`)."""
     start = now
     unsent = sorted(group, key=lambda g: g[3])
-    per_token: dict[str, list[np.ndarray]] = {rid: [] for rid, _ids, _n, _t in group}
+    per_token: dict[str, list[tuple[np.ndarray, tuple[int, int]]]] = {
+        rid: [] for rid, _ids, _n, _t in group
+    }
     pending: dict[str, np.ndarray] = {}
+    since: dict[str, int] = {}  # the recorder's call from which each request's pending features run
     for _ in range(100_000):  # bounded: one group's passes
         while unsent and start + unsent[0][3] <= now:
             rid, ids, max_tokens, offset = unsent.pop(0)
             model.add_request(rid, ids, max_tokens, start + offset)
             pending[rid] = np.zeros(len(FEATURES))
+            since[rid] = len(recorder.calls)
         if not model.has_work():
             if not unsent:
                 break
@@ -139,8 +191,9 @@ def _replay(
             pending[rid] = pending[rid] + features
         for rid in it.emitted:
             if rid in pending:
-                per_token[rid].append(pending[rid])
+                per_token[rid].append((pending[rid], (since[rid], len(recorder.calls))))
                 pending[rid] = np.zeros(len(FEATURES))
+                since[rid] = len(recorder.calls)
     return per_token, now
 
 
@@ -167,9 +220,28 @@ def floor_rows(
     timing: StepCost | None = None,
     warmup_rows: WarmupRows = "gaps",
 ) -> list[FitRow]:
+    """`floor_passes`' rows."""
+    return floor_passes(
+        run,
+        gpu_memory_mib=gpu_memory_mib,
+        model_preset=model_preset,
+        timing=timing,
+        warmup_rows=warmup_rows,
+    ).rows
+
+
+def floor_passes(
+    run: FloorRun,
+    *,
+    gpu_memory_mib: int,
+    model_preset: str,
+    timing: StepCost | None = None,
+    warmup_rows: WarmupRows = "gaps",
+) -> FloorPasses:
     """Every floor request of `run` replayed through the engine's simulated scheduler as it was
     sent: the run's warm-ups at their scheduled times (the floor's only passes with more than one
-    sequence: the decode cost against batch size), then the floor's requests one at a time. One
+    sequence: the decode cost against batch size), then the floor's requests one at a time, each
+    after its idle gap (its trace's `tool_delay_s`: 0 but for a floor with idle gaps). One
     TTFT row and one row per inter-token gap, each with the features of the passes it spans.
     `timing`: a step cost fitted before, whose step and front-end times decide which pass admits
     each warm-up.
@@ -201,7 +273,12 @@ def floor_rows(
         groups.append((warmups, True))
     groups += [([r], k > 0) for k, r in enumerate(measured)]
     bos = sim.model_preset.bos_token_id is not None
+    delays = {r.request_id: r.tool_delay_s for r in trace.requests}
+    after_gap = AFTER_IDLE_REQUESTS  # requests since the last idle gap
     for group, fitted in groups:
+        gap = delays.get(group[0]["request_id"], 0.0) if not group[0]["warmup"] else 0.0
+        after_gap = 0 if gap > 0 else after_gap + 1
+        now += gap  # the engine idles as the real one did
         # each at its scheduled time (warm-ups config `dispatch.warmup_spacing_s` apart), not its
         # sent time: a client's own jitter of a fraction of a millisecond is not a pause
         first = min(float(r["scheduled_s"] or 0.0) for r in group)
@@ -221,16 +298,46 @@ def floor_rows(
         # run of the deployment, which the replay cannot know: it is not a fitting row.
         if not fitted:
             continue
+        after_idle = after_gap < AFTER_IDLE_REQUESTS
         for req in group:
             observed, tokens = observed_times(req), per_token[req["request_id"]]
             if observed is None or not tokens:
                 continue
             ttft, gaps = observed
+            rid = req["request_id"]
             if not req["warmup"] or warmup_rows == "gaps_and_ttft":
-                rows.append(FitRow(label, req["request_id"], "ttft", ttft, tokens[0]))
-            for gap, features in zip(gaps, tokens[1:], strict=False):
-                rows.append(FitRow(label, req["request_id"], "itl", gap, features))
-    return rows
+                features, passes = tokens[0]
+                rows.append(FitRow(label, rid, "ttft", ttft, features, passes, after_idle))
+            for itl, (features, passes) in zip(gaps, tokens[1:], strict=False):
+                rows.append(FitRow(label, rid, "itl", itl, features, passes, after_idle))
+    durations = (
+        [timing.iteration_time(**_call_kwargs(f)) for f in recorder.calls]
+        if timing is not None
+        else [recorder.duration_s] * len(recorder.calls)
+    )
+    return FloorPasses(
+        rows=rows,
+        features=np.stack(recorder.calls) if recorder.calls else np.zeros((0, len(FEATURES))),
+        starts=np.array([np.nan if t is None else t for t in recorder.starts], dtype=float),
+        durations=np.array(durations, dtype=float),
+    )
+
+
+def _call_kwargs(features: np.ndarray) -> dict[str, Any]:
+    """A recorded pass's features as `iteration_time`'s arguments."""
+    f = dict(zip(FEATURES, (float(x) for x in features), strict=True))
+    return {
+        "tokens": int(f["tokens"]),
+        "seqs": 1,
+        "sampled": int(f["sampled"]),
+        "attn_pairs": f["attn_pairs"],
+        "kv_tokens": f["kv_tokens"],
+        "cuda_graph": False,
+        "admitted": int(f["admitted"]),
+        "mask_cells": f["mask_cells"],
+        "mask_checks": f["mask_checks"],
+        "wakeups": f["wakeups"],
+    }
 
 
 # Refits on the previous fit's own timing (fit_step_cost), and when they have settled.
@@ -276,12 +383,12 @@ def fit_step_cost(
             raise ValueError(f"fit of {engine}: {given} {', '.join(unknown)}: not a coefficient")
     values = {**dict.fromkeys(without, 0.0), **(fixed or {})}
     held = np.array([float(values.get(name, np.nan)) for name in COEFFICIENTS])
-    cost, report = _fit_once(
+    cost, report, passes = _fit_once(
         engine, mine, gpu_memory_mib, model_preset, None, extra, warmup_rows, held
     )
     report["refits"] = 0
     for refit in range(1, MAX_REFITS + 1):
-        again, again_report = _fit_once(
+        again, again_report, passes = _fit_once(
             engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, held
         )
         moved = max(
@@ -294,7 +401,137 @@ def fit_step_cost(
         report["refits"] = refit
         if moved <= SETTLED_REL:
             break
+    cost, after_idle = fit_after_idle(cost, passes)
+    # The term and the linear model in turn: the linear model refitted with the term's share
+    # taken off its rows, the term refitted on that model, until the term settles.
+    for round_ in range(1, AFTER_IDLE_ROUNDS + 1):
+        if after_idle is None:
+            break
+        linear, report, passes = _fit_once(
+            engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, held, cost
+        )
+        again, after_idle = fit_after_idle(linear, passes)
+        moved = max(
+            abs(a - b) / max(abs(b), 1e-12)
+            for a, b in zip(again.after_idle().values(), cost.after_idle().values(), strict=True)
+        )
+        cost = again
+        report["after_idle_rounds"] = round_
+        if moved <= SETTLED_REL * 10:
+            break
+    if after_idle is not None:
+        report["after_idle"] = after_idle
     return cost, report
+
+
+# Alternations of the linear model and the after-idle term (fit_step_cost), at most.
+AFTER_IDLE_ROUNDS = 4
+
+
+def _after_idle_times(
+    linear: np.ndarray, idle: np.ndarray, gain: float, rise_s: float, decay_s: float
+) -> np.ndarray:
+    """Cumulative times of a run's passes with the after-idle term, from the run's first pass on,
+    cold, as the simulated engine does; entry k is the time of the first k passes."""
+    out = np.empty(linear.size)
+    cold = 1.0  # an engine starts cold
+    for i in range(linear.size):
+        out[i], cold = after_idle_step(
+            cold, idle[i], linear[i], gain=gain, rise_s=rise_s, decay_s=decay_s
+        )
+    return np.concatenate([[0.0], np.cumsum(out)])
+
+
+def _term_factors(run: FloorPasses, cost: StepCost) -> np.ndarray:
+    """For each of the run's rows: its passes' time with `cost`'s after-idle term over their
+    time without."""
+    linear = (run.features @ np.array(list(cost.coefficients().values()))) * cost.slowdown
+    with_term = _after_idle_times(
+        linear, run.idles(), cost.idle_gain, cost.idle_rise_s, cost.idle_decay_s
+    )
+    without = np.concatenate([[0.0], np.cumsum(linear)])
+    factors = []
+    for row in run.rows:
+        lo, hi = row.passes
+        base = without[hi] - without[lo]
+        factors.append((with_term[hi] - with_term[lo]) / base if base > 0 else 1.0)
+    return np.array(factors)
+
+
+# The term fit's starting rises and decays (seconds), every pair tried.
+TERM_STARTS_RISE_S = (0.3, 3.0)
+TERM_STARTS_DECAY_S = (0.02, 0.2)
+
+
+def fit_after_idle(
+    cost: StepCost, runs: Sequence[FloorPasses]
+) -> tuple[StepCost, dict[str, Any] | None]:
+    """`cost` with the after-idle term fitted to the floor's after-idle rows (FitRow.after_idle),
+    and the fit's report; `cost` unchanged and None when the floor has no such rows.
+
+    Each run's passes are priced at `cost`'s linear times with the term applied from the run's
+    first pass on, cold, as the simulated engine does (servelab.sim.cpu_platform,
+    `after_idle_step`, each pass with the replay's idle before it). Least squares on the
+    after-idle rows' relative error with a soft-L1 loss, so that a gap the client read late does
+    not decide the fit; rise and decay in log space."""
+    coefficients = np.array(list(cost.coefficients().values()))
+    priced: list[tuple[np.ndarray, np.ndarray]] = []  # each run's (linear times, idles)
+    rows: list[tuple[int, int, int, float, str]] = []  # (run, first pass, end, observed, kind)
+    for run in runs:
+        mine = [r for r in run.rows if r.after_idle]
+        if not mine:
+            continue
+        end = max(r.passes[1] for r in mine)  # passes after the last row change nothing
+        linear = (run.features[:end] @ coefficients) * cost.slowdown
+        priced.append((linear, run.idles()[:end]))
+        rows += [(len(priced) - 1, *r.passes, r.observed_s, r.kind) for r in mine]
+    if not rows:
+        return cost, None
+    observed = np.array([r[3] for r in rows])
+
+    def predicted(gain: float, rise_s: float, decay_s: float) -> np.ndarray:
+        totals = [_after_idle_times(linear, idle, gain, rise_s, decay_s) for linear, idle in priced]
+        return np.array([totals[k][hi] - totals[k][lo] for k, lo, hi, _o, _kind in rows])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        times = predicted(float(x[0]), float(np.exp(x[1])), float(np.exp(x[2])))
+        return np.asarray(times / observed - 1.0, dtype=float)
+
+    # several starts: with few idle lengths, gain and rise trade off and the fit has more than
+    # one local minimum (a small gain with a slow rise against the true pair)
+    fit = min(
+        (
+            least_squares(
+                residuals,
+                x0=np.array([0.3, np.log(rise_s), np.log(decay_s)]),
+                bounds=([0.0, np.log(0.05), np.log(0.002)], [5.0, np.log(120.0), np.log(10.0)]),
+                loss="soft_l1",
+                f_scale=0.1,
+            )
+            for rise_s, decay_s in itertools.product(TERM_STARTS_RISE_S, TERM_STARTS_DECAY_S)
+        ),
+        key=lambda f: float(f.cost),
+    )
+    gain, rise_s, decay_s = float(fit.x[0]), float(np.exp(fit.x[1])), float(np.exp(fit.x[2]))
+    before = residuals(np.array([0.0, 0.0, 0.0]))
+    after = residuals(fit.x)
+    kinds = np.array([r[4] for r in rows])
+    report: dict[str, Any] = {
+        "idle_gain": round(gain, 6),
+        "idle_rise_s": round(rise_s, 6),
+        "idle_decay_s": round(decay_s, 6),
+        "runs": len(priced),
+    }
+    for kind in ("ttft", "itl"):
+        mask = kinds == kind
+        if mask.any():
+            report[kind] = {
+                "rows": int(mask.sum()),
+                "median_rel_error_without": round(float(np.median(before[mask])), 4),
+                "median_rel_error_with": round(float(np.median(after[mask])), 4),
+                "median_abs_rel_error_with": round(float(np.median(np.abs(after[mask]))), 4),
+            }
+    return cost.with_after_idle(gain, rise_s, decay_s), report
 
 
 def _fit_once(
@@ -306,23 +543,36 @@ def _fit_once(
     extra: Sequence[Equation] = (),
     warmup_rows: WarmupRows = "gaps",
     held: np.ndarray | None = None,
-) -> tuple[StepCost, dict[str, Any]]:
-    """One fit on the replay at `timing`; `held`: each coefficient's held value, NaN where it
-    is fitted."""
-    rows = [
-        row
-        for run in mine
-        for row in floor_rows(
+    term: StepCost | None = None,
+) -> tuple[StepCost, dict[str, Any], list[FloorPasses]]:
+    """One fit on the replay at `timing`, and the replay's passes; `held`: each coefficient's
+    held value, NaN where it is fitted. Rows after an idle gap are not the linear model's;
+    with `term`, a step cost with an after-idle term fitted before, every other row's observed
+    time is divided by what the term adds to it (`_term_factors`), so that the coldness of a
+    run's first passes, and what is left of it after the excluded rows, is not fitted as linear
+    cost."""
+    passes = [
+        floor_passes(
             run,
             gpu_memory_mib=gpu_memory_mib,
             model_preset=model_preset,
             timing=timing,
             warmup_rows=warmup_rows,
         )
+        for run in mine
     ]
+    rows = [row for run in passes for row in run.rows]
+    if term is not None and term.idle_gain > 0:  # the rows as if the engine were never cold
+        rows = [
+            dataclasses.replace(row, observed_s=row.observed_s / factor)
+            for run in passes
+            for row, factor in zip(run.rows, _term_factors(run, term), strict=True)
+        ]
     equations: list[Equation] = []
     itl_groups: dict[tuple[str, str], list[FitRow]] = {}
     for row in rows:
+        if row.after_idle:
+            continue
         if row.kind == "ttft":
             equations.append((row.features, row.observed_s, "ttft"))
         else:
@@ -364,7 +614,9 @@ def _fit_once(
                 "p90_abs_rel_error": round(float(np.quantile(np.abs(relative[mask]), 0.9)), 4),
             }
     report["runs"] = sorted({str(r.run_dir) for r in mine})
-    return cost, report
+    if any(row.after_idle for row in rows):
+        report["after_idle_rows_left_out"] = sum(row.after_idle for row in rows)
+    return cost, report, passes
 
 
 # --------------------------------------------------------------------------- the workflow's steps
@@ -408,7 +660,7 @@ def write_cpu_platform(
             engine, runs, gpu_memory_mib=gpu_memory_mib, model_preset=model_preset
         )
         engines[engine] = {
-            "step_cost": cost.coefficients(),
+            "step_cost": cost.coefficients() | cost.after_idle(),
             "fit": report,
             "noise": floor_noise([r for r in runs if r.engine == engine]),
         }

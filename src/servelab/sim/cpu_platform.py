@@ -30,6 +30,23 @@ a slot, so a pass grows dearer with the queue. The other engines' models pass 0 
 with `StepCost.iteration_time` the same method the engine models call on the L4 cost model, so the
 scheduling logic (`sim.vllm`, `sim.llamacpp`) is unchanged on it. Config `gpu.step_cost` holds the
 coefficients per engine (the sim backend on `gpu.name: CPU`).
+
+**After an idle** a pass costs more: the engine's core comes back to speed over its first work
+(llama-server's first pass after 9 s of idle took 1.59 times its warm time;
+benchmarks/idle_wake_cost.py). A step cost may carry an after-idle term, the core's coldness
+c in [0, 1]: while the engine idles for `idle` seconds, c rises toward 1,
+
+    c ← 1 − (1 − c) · exp(−idle / idle_rise_s)
+
+each pass takes (1 + idle_gain · c) times its linear time t, and c then decays over the work,
+
+    c ← c · exp(−(1 + idle_gain · c) · t / idle_decay_s).
+
+An engine starts cold (c = 1): a run begins after the deployment idled. With `idle_gain` 0 (the
+default, and every platform fitted from a floor without idle gaps) the term is absent. The term has
+state, so it lives in an `AfterIdleClock`, one per engine instance (`after_idle_clock`), which the
+engine models call with each pass's start time; the recurrence itself is `after_idle_step`, which
+the fit (servelab.sim.cpu_fit, `fit_after_idle`) replays on the floor's own passes.
 """
 
 from __future__ import annotations
@@ -44,7 +61,17 @@ import numpy as np
 
 from servelab.sim.cost import OnePassTimes
 
-__all__ = ["COEFFICIENTS", "FEATURES", "FeatureRecorder", "StepCost", "step_costs_from_config"]
+__all__ = [
+    "AFTER_IDLE",
+    "COEFFICIENTS",
+    "FEATURES",
+    "AfterIdleClock",
+    "FeatureRecorder",
+    "StepCost",
+    "after_idle_clock",
+    "after_idle_step",
+    "step_costs_from_config",
+]
 
 # The features of one forward pass, in the order of StepCost's coefficients.
 FEATURES = (
@@ -72,6 +99,26 @@ COEFFICIENTS = (
 # Coefficients added after platform files and configs were written (the mask terms and the
 # wake-ups, 2026-12-05): a mapping without one is the model before it, the term at 0.
 ADDED_COEFFICIENTS = ("per_mask_cell_s", "per_mask_check_s", "per_wakeup_s")
+# The after-idle term's parameters (module docstring), beside the coefficients in a step cost's
+# mapping; absent: no term (idle_gain 0).
+AFTER_IDLE = ("idle_gain", "idle_rise_s", "idle_decay_s")
+
+
+def after_idle_step(
+    coldness: float,
+    idle_s: float,
+    seconds: float,
+    *,
+    gain: float,
+    rise_s: float,
+    decay_s: float,
+) -> tuple[float, float]:
+    """One pass of linear time `seconds` after `idle_s` of idle, at the core's `coldness` before
+    the idle: (the pass's time with the after-idle term, the coldness after it) (module
+    docstring)."""
+    cold = 1.0 - (1.0 - coldness) * math.exp(-max(idle_s, 0.0) / rise_s)
+    taken = seconds * (1.0 + gain * cold)
+    return taken, cold * math.exp(-taken / decay_s)
 
 
 def _features(
@@ -116,12 +163,20 @@ class StepCost(OnePassTimes):
     per_mask_check_s: float = 0.0
     per_wakeup_s: float = 0.0
     slowdown: float = 1.0
+    # the after-idle term (module docstring); gain 0: none
+    idle_gain: float = 0.0
+    idle_rise_s: float = 1.0
+    idle_decay_s: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in COEFFICIENTS:
+        for name in (*COEFFICIENTS, "idle_gain"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"step cost of {self.engine}: {name} = {value} is not >= 0")
+        for name in ("idle_rise_s", "idle_decay_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"step cost of {self.engine}: {name} = {value} is not > 0")
         if not self.slowdown > 0:
             raise ValueError(f"slowdown: must be positive, got {self.slowdown}")
 
@@ -130,10 +185,21 @@ class StepCost(OnePassTimes):
         missing = [k for k in COEFFICIENTS if k not in values and k not in ADDED_COEFFICIENTS]
         if missing:
             raise ValueError(f"{where}: missing {', '.join(missing)}")
-        return cls(engine, **{k: float(values[k]) for k in COEFFICIENTS if k in values})
+        given = [k for k in (*COEFFICIENTS, *AFTER_IDLE) if k in values]
+        return cls(engine, **{k: float(values[k]) for k in given})
 
     def coefficients(self) -> dict[str, float]:
+        """The linear model's coefficients (COEFFICIENTS), without the after-idle term."""
         return {k: getattr(self, k) for k in COEFFICIENTS}
+
+    def after_idle(self) -> dict[str, float]:
+        """The after-idle term's parameters (AFTER_IDLE); empty when it has none (gain 0)."""
+        return {k: getattr(self, k) for k in AFTER_IDLE} if self.idle_gain > 0 else {}
+
+    def with_after_idle(self, gain: float, rise_s: float, decay_s: float) -> StepCost:
+        return dataclasses.replace(
+            self, idle_gain=float(gain), idle_rise_s=float(rise_s), idle_decay_s=float(decay_s)
+        )
 
     def with_slowdown(self, slowdown: float) -> StepCost:
         return dataclasses.replace(self, slowdown=float(slowdown))
@@ -158,11 +224,13 @@ class StepCost(OnePassTimes):
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
         wakeups: float = 0.0,
+        start_s: float | None = None,
     ) -> float:
-        """Seconds for one forward pass (arguments as `sim.cost.CostModel.iteration_time`; `seqs`,
-        `cuda_graph` and `kv_repeat` carry nothing on a CPU: no graphs, no cache hierarchy the
-        model separates)."""
-        del seqs, cuda_graph, kv_repeat
+        """Seconds for one forward pass on the linear model (arguments as
+        `sim.cost.CostModel.iteration_time`; `seqs`, `cuda_graph` and `kv_repeat` carry nothing
+        on a CPU: no graphs, no cache hierarchy the model separates). The after-idle term has
+        state and is an `AfterIdleClock`'s: here `start_s` is not used."""
+        del seqs, cuda_graph, kv_repeat, start_s
         t = (
             self.step_s
             + self.per_token_s * tokens
@@ -175,6 +243,42 @@ class StepCost(OnePassTimes):
             + self.per_wakeup_s * wakeups
         )
         return t * self.slowdown
+
+
+class AfterIdleClock:
+    """One engine instance's passes on a step cost with an after-idle term (module docstring):
+    the core's coldness and when its last pass ended. The engine models call `iteration_time`
+    with each pass's `start_s`; a pass without one follows the last with no idle."""
+
+    def __init__(self, cost: StepCost) -> None:
+        self.cost = cost
+        self.coldness = 1.0  # a run begins after the deployment idled
+        self._last_end: float | None = None
+
+    @property
+    def front_end_s(self) -> float:
+        return self.cost.front_end_s
+
+    def iteration_time(self, *, start_s: float | None = None, **features: Any) -> float:
+        seconds = self.cost.iteration_time(**features)
+        start = start_s if start_s is not None else (self._last_end or 0.0)
+        idle = 0.0 if self._last_end is None else start - self._last_end
+        taken, self.coldness = after_idle_step(
+            self.coldness,
+            idle,
+            seconds,
+            gain=self.cost.idle_gain,
+            rise_s=self.cost.idle_rise_s,
+            decay_s=self.cost.idle_decay_s,
+        )
+        self._last_end = start + taken
+        return taken
+
+
+def after_idle_clock(cost: StepCost) -> StepCost | AfterIdleClock:
+    """What one engine instance times its passes with: `cost` itself, or with an after-idle term,
+    a clock of its own (the term's state belongs to one engine's timeline)."""
+    return AfterIdleClock(cost) if cost.idle_gain > 0 else cost
 
 
 def step_costs_from_config(gpu: Mapping[str, Any]) -> dict[str, StepCost]:
@@ -195,6 +299,8 @@ class FeatureRecorder:
 
     duration_s: float = 1e-3
     calls: list[np.ndarray] = field(default_factory=list)
+    # each call's start as the engine model gave it (None: not given)
+    starts: list[float | None] = field(default_factory=list)
     timing: StepCost | None = None
 
     @property
@@ -215,8 +321,10 @@ class FeatureRecorder:
         mask_cells: float = 0.0,
         mask_checks: float = 0.0,
         wakeups: float = 0.0,
+        start_s: float | None = None,
     ) -> float:
         del kv_repeat
+        self.starts.append(start_s)
         self.calls.append(
             _features(
                 tokens=tokens,

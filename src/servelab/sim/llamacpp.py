@@ -626,7 +626,7 @@ class LlamacppModel(EngineModel):
                 continue
             sub = self._cut(segs, off, n)
             start = now + duration
-            duration += self._decode_time(sub)
+            duration += self._decode_time(sub, start)
             for g, _a, k in sub:
                 g.slot.kv += k
             # metrics_post_decode
@@ -715,10 +715,11 @@ class LlamacppModel(EngineModel):
                 p[1] += k
                 p[2] -= k
 
-    def _decode_time(self, sub: list[tuple[_Seg, int, int]]) -> float:
-        """One llama_decode call: one forward pass per micro-batch, summed (llama.cpp 0c1e570
-        (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp, llama_context::decode,
-        process_ubatch). Each pass also carries its attention mask's work (`mask_work`)."""
+    def _decode_time(self, sub: list[tuple[_Seg, int, int]], start_s: float) -> float:
+        """One llama_decode call from `start_s`: one forward pass per micro-batch, back to back,
+        summed (llama.cpp 0c1e570 (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp,
+        llama_context::decode, process_ubatch). Each pass also carries its attention mask's work
+        (`mask_work`)."""
         total = 0.0
         stored = sum(s.kv for s in self.slots) if self.unified else 0
         for ub in self._micro_batches(sub):
@@ -752,6 +753,7 @@ class LlamacppModel(EngineModel):
                 mask_cells=cells,
                 mask_checks=checks,
                 wakeups=wakeups,
+                start_s=start_s + total,
             )
         return total
 

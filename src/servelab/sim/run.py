@@ -36,7 +36,7 @@ from servelab.grid.config import conditions, deployment_for, offered_load
 from servelab.grid.settings import PlatformSettings
 from servelab.sim.base import EngineModel
 from servelab.sim.cost import DEFAULT_CALIBRATION, Calibration, CostModel
-from servelab.sim.cpu_platform import StepCost, step_costs_from_config
+from servelab.sim.cpu_platform import StepCost, after_idle_clock, step_costs_from_config
 from servelab.sim.memory import KvCapacity
 from servelab.sim.models import build_model, engine_params, simulated_engine
 from servelab.sim.params import EngineParams
@@ -122,7 +122,12 @@ def build_engine(
                 f"{engine} (fit it from the engine's floor: the cpu_platform rule, "
                 'docs/simulator.md "Against the real engines")'
             )
-        cost = fitted.with_slowdown(slowdown) if isinstance(fitted, StepCost) else fitted
+        # an after-idle term's state is this engine's own (servelab.sim.cpu_platform)
+        cost = (
+            after_idle_clock(fitted.with_slowdown(slowdown))
+            if isinstance(fitted, StepCost)
+            else fitted
+        )
     else:
         cost = CostModel(preset, gpu, engine, calibration, slowdown=slowdown)
     model = build_model(params, preset, cost, track_emitted=track_emitted)
@@ -409,7 +414,7 @@ def simulate_run_files(
             "virtual_duration_s": outcome.end_s,
             "calibration": calibration.to_dict(),
             **(
-                {"step_cost": sim_step_cost.coefficients()}
+                {"step_cost": sim_step_cost.coefficients() | sim_step_cost.after_idle()}
                 if isinstance(sim_step_cost := (step_costs or {}).get(engine), StepCost)
                 else {}
             ),

@@ -458,6 +458,7 @@ class SglangModel(EngineModel):
             attn_pairs=pairs,
             kv_tokens=kv,
             cuda_graph=False,
+            start_s=now,
         )
         end_s = now + duration
         emitted: list[str] = []
@@ -545,6 +546,7 @@ class SglangModel(EngineModel):
             cuda_graph=graph,
             # decode contexts that are the same KV slots (a shared prefix in the radix tree)
             kv_repeat=max(0.0, float(dec.ctx_sum - self._used_tokens())),
+            start_s=now,
         )
         end_s = now + duration
         emitted = tuple(r.rid for r in dec.members) if self.track_emitted else ()

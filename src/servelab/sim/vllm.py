@@ -573,6 +573,7 @@ class VllmModel(EngineModel):
             cuda_graph=graph,
             kv_repeat=repeat,
             admitted=admitted,
+            start_s=now,
         )
         end_s = now + duration
         emitted: tuple[str, ...] = ()

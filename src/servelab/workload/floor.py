@@ -14,6 +14,15 @@ construction (the shape's shared prefix and distinct suffixes) and the same per-
 lengths. The chain is one agent graph whose requests keep their ids, roles and `max_tokens`, in
 role order (planners, then workers, then aggregators: the order the trace validator requires inside
 a graph), so the floor trace passes the six checks unchanged and is loaded like any other.
+
+**Idle gaps** (config `floor.idle_gaps`, off by default). A closed loop never lets the engine idle,
+so the floor alone cannot price what a pass costs after an idle (servelab.sim.cpu_platform, the
+after-idle term). With `idle_gaps: {every: n, seconds: [...]}`, the chain's requests at positions
+n, 2n, 3n, ... wait the next of `seconds` (cycling) after their predecessor's last token, as its
+`tool_delay_s`: the engine idles that long, then serves one request at a time again. The manifest
+records the gaps (`floor.idle_gaps`), and the trace validator admits exactly those delays on a floor
+trace. The floor's TTFT then includes the requests after an idle: the fit (servelab.sim.cpu_fit)
+keeps them apart.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +43,7 @@ from servelab.workload.compiler import WorkloadSettings, compile_trace, write_va
 from servelab.workload.topology import ROLE_ORDER
 from servelab.workload.validate import TokenColumn, measure_sharing
 
-__all__ = ["FLOOR_SOURCE_RATE", "compile_floor_trace_files", "floor_trace"]
+__all__ = ["FLOOR_SOURCE_RATE", "IdleGaps", "compile_floor_trace_files", "floor_trace"]
 
 # Agent graphs/s of the trace the floor's requests are taken from (its arrivals are discarded).
 FLOOR_SOURCE_RATE = 1.0
@@ -41,11 +51,52 @@ FLOOR_SOURCE_RATE = 1.0
 _MAX_LENGTHENINGS = 12
 
 
+@dataclass(frozen=True)
+class IdleGaps:
+    """Config `floor.idle_gaps` (module docstring): every `every`-th request of the chain waits the
+    next of `seconds` after its predecessor."""
+
+    every: int
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"config key floor.idle_gaps.every: must be >= 1, got {self.every}")
+        if not self.seconds or not all(math.isfinite(x) and x > 0 for x in self.seconds):
+            raise ValueError(
+                f"config key floor.idle_gaps.seconds: must be positive seconds, got {self.seconds}"
+            )
+
+    @classmethod
+    def from_config(cls, given: Mapping[str, Any] | None) -> IdleGaps | None:
+        if not given:
+            return None
+        return cls(int(given["every"]), tuple(float(x) for x in given["seconds"]))
+
+    def delays(self, n: int) -> list[float]:
+        """The tool delay of each of a chain's `n` requests."""
+        return [
+            self.seconds[(k // self.every - 1) % len(self.seconds)]
+            if k > 0 and k % self.every == 0
+            else 0.0
+            for k in range(n)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"every": self.every, "seconds": list(self.seconds)}
+
+
 def floor_trace(
-    table: pa.Table, manifest: Mapping[str, Any], *, condition: str, requests: int
+    table: pa.Table,
+    manifest: Mapping[str, Any],
+    *,
+    condition: str,
+    requests: int,
+    idle_gaps: IdleGaps | None = None,
 ) -> tuple[pa.Table, dict[str, Any]]:
-    """The closed-loop chain of the first `requests` rows of a compiled trace (module docstring):
-    (TRACE_SCHEMA table, manifest without `checks` and `trace_sha256`)."""
+    """The closed-loop chain of the first `requests` rows of a compiled trace (module docstring),
+    with `idle_gaps` if given: (TRACE_SCHEMA table, manifest without `checks` and
+    `trace_sha256`)."""
     if requests < 1:
         raise ValueError(f"floor of {condition}: requests must be at least 1, got {requests}")
     if table.num_rows < requests:
@@ -77,7 +128,7 @@ def floor_trace(
     chain = chain.set_column(
         chain.schema.get_field_index("tool_delay_s"),
         "tool_delay_s",
-        pa.array(np.zeros(n), type=pa.float64()),
+        pa.array(idle_gaps.delays(n) if idle_gaps else np.zeros(n), type=pa.float64()),
     )
     chain = chain.cast(TRACE_SCHEMA)
     prefix = np.asarray(chain.column("prefix_tokens").to_numpy(), dtype=np.int64)
@@ -104,6 +155,7 @@ def floor_trace(
                 "duration_s": manifest["duration_s"],
                 "n_requests": manifest["n_requests"],
             },
+            **({"idle_gaps": idle_gaps.to_dict()} if idle_gaps else {}),
         },
     )
     out["verification"] = dict(manifest["verification"], prompts_encoded=n)
@@ -120,10 +172,11 @@ def compile_floor_trace_files(
     tokenizer: str,
     trace_path: str | os.PathLike[str],
     manifest_path: str | os.PathLike[str],
+    idle_gaps: IdleGaps | None = None,
 ) -> dict[str, Any]:
     """Compile the floor trace of one shape (module docstring; its id names the floor's
-    condition), validate it (the six checks) and write trace.parquet and manifest.json
-    atomically; return the manifest.
+    condition), with `idle_gaps` if given, validate it (the six checks) and write trace.parquet
+    and manifest.json atomically; return the manifest.
 
     The source trace runs at FLOOR_SOURCE_RATE for a duration that holds `requests` requests on
     average three times over; a seed whose arrivals fall short doubles it (deterministically).
@@ -150,7 +203,9 @@ def compile_floor_trace_files(
     table, manifest = compile_trace(
         condition=source, rep=rep, seed=seed, workload=workload, tokenizer=tokenizer
     )
-    chain, floor_manifest = floor_trace(table, manifest, condition=shape.id, requests=requests)
+    chain, floor_manifest = floor_trace(
+        table, manifest, condition=shape.id, requests=requests, idle_gaps=idle_gaps
+    )
     return write_validated_trace(
         chain, floor_manifest, trace_path=trace_path, manifest_path=manifest_path
     )

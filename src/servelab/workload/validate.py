@@ -23,6 +23,8 @@ Checks, by name (each passes or fails on the whole trace; a failure names the fi
     non-decreasing in graph id.
 ``tool_delays_bounded``
     Every tool delay is finite and in [0, workload.tool_delay.max_s]; requests other than workers have none.
+    A floor trace with idle gaps (manifest field `floor.idle_gaps`; servelab.workload.floor) holds only
+    delays of 0 or one of its gaps, on any role: they are the engine's idles, not tool calls.
 
 ``graphs_acyclic_resolvable`` also holds every dependant to come after its predecessors in the trace (the rows
 are a topological order), and, for an agent-graph trace, each graph to be a planner, stages of workers and an
@@ -576,11 +578,22 @@ def _check_arrivals(table: pa.Table, manifest: Mapping[str, Any], where: str) ->
 
 
 def _check_delays(table: pa.Table, manifest: Mapping[str, Any], where: str) -> str:
+    ids = table.column("request_id").to_pylist()
+    delay = table.column("tool_delay_s").to_numpy()
+    idle_gaps = (manifest.get("floor") or {}).get("idle_gaps")
+    if idle_gaps:  # a floor's idle gaps, on any role, are the only delays it may hold
+        allowed = np.array([0.0, *(float(x) for x in idle_gaps["seconds"])])
+        bad = np.flatnonzero(~np.isin(delay, allowed))
+        if bad.size:
+            r = int(bad[0])
+            return (
+                f"request {ids[r]}: delay {delay[r]!r} s is not one of the floor's idle gaps "
+                f"{sorted(set(allowed.tolist()))} s"
+            )
+        return ""
     imported = trace_kind(manifest) == "imported"
     # an imported trace has no tool calls: its bound is 0
     max_s = 0.0 if imported else float(manifest_value(manifest, "workload.tool_delay.max_s", where))
-    ids = table.column("request_id").to_pylist()
-    delay = table.column("tool_delay_s").to_numpy()
     worker = np.asarray(table.column("role").to_pylist(), dtype=object) == "worker"
     bad = np.flatnonzero(~np.isfinite(delay) | (delay < 0) | (delay > max_s))
     if bad.size:
