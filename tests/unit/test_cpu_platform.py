@@ -770,6 +770,14 @@ def test_the_fit_recovers_the_after_idle_term_from_a_floor_with_idle_gaps(
     assert abs(term["ttft"]["median_rel_error_with"]) < 0.02
     assert report["after_idle_rows_left_out"] > 0
     assert report["after_idle_rounds"] >= 1  # the linear model refitted with the term taken off
+    assert report["refits"] >= 1
+    # an engine that is never slower after an idle: the gaps fit a term of no weight
+    steady = llama_floor(tmp_path / "steady", TRUE_LLAMA, idle_gaps=IDLE_GAPS)
+    none, none_report = fit_step_cost("llamacpp", steady, gpu_memory_mib=24000, model_preset=TINY)
+    assert none.idle_gain < 0.01
+    assert abs(none_report["after_idle"]["ttft"]["median_rel_error_without"]) < 0.01
+    for name in COEFFICIENTS:
+        assert getattr(none, name) == pytest.approx(getattr(TRUE_LLAMA, name), rel=0.02, abs=1e-10)
     # the same floor without gaps has no after-idle rows, and no term
     plain = llama_floor(tmp_path / "plain", TRUE_LLAMA)
     flat, flat_report = fit_step_cost("llamacpp", plain, gpu_memory_mib=24000, model_preset=TINY)

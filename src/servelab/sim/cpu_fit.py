@@ -407,21 +407,28 @@ def fit_step_cost(
     for round_ in range(1, AFTER_IDLE_ROUNDS + 1):
         if after_idle is None:
             break
+        refits = report["refits"]
         linear, report, passes = _fit_once(
             engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, held, cost
         )
         again, after_idle = fit_after_idle(linear, passes)
         moved = max(
             abs(a - b) / max(abs(b), 1e-12)
-            for a, b in zip(again.after_idle().values(), cost.after_idle().values(), strict=True)
+            for a, b in zip(_term_of(again), _term_of(cost), strict=True)
         )
         cost = again
+        report["refits"] = refits
         report["after_idle_rounds"] = round_
         if moved <= SETTLED_REL * 10:
             break
     if after_idle is not None:
         report["after_idle"] = after_idle
     return cost, report
+
+
+def _term_of(cost: StepCost) -> tuple[float, float, float]:
+    """The after-idle term's parameters, a gain of 0 included."""
+    return (cost.idle_gain, cost.idle_rise_s, cost.idle_decay_s)
 
 
 # Alternations of the linear model and the after-idle term (fit_step_cost), at most.
