@@ -15,6 +15,8 @@ coefficients, and prints per floor run, in the order the runs were made (UTC sta
   ratio (predicted ÷ observed);
 - the same for its single requests' inter-token gaps (each request's median gap) and for its
   warm-ups' gaps, the fit's only passes of several sequences;
+- on a floor with idle gaps (config `floor.idle_gaps`), the requests after each gap apart
+  (`after_idle_ttft`), priced on the linear model alone: what the after-idle term is fitted to;
 then, per engine and arm, the median of its floor runs' TTFT ratios (`by_arm` in `--json`): a
 direction that the pooled fit gives one arm's floor and not the other's.
 
@@ -75,6 +77,11 @@ def residuals(run: FloorRun, cost: StepCost, config: dict[str, Any]) -> dict[str
     gaps: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for row in rows:
         predicted = float(row.features @ weights)
+        if row.after_idle:  # after a floor's idle gap: the linear model's miss there, apart
+            if row.kind == "ttft":
+                kinds["after_idle_ttft"][0].append(predicted)
+                kinds["after_idle_ttft"][1].append(row.observed_s)
+            continue
         if row.kind == "ttft":
             kinds["ttft"][0].append(predicted)
             kinds["ttft"][1].append(row.observed_s)
@@ -92,7 +99,7 @@ def residuals(run: FloorRun, cost: StepCost, config: dict[str, Any]) -> dict[str
         "shape": run.run_dir.parent.name,
         "rep": run.run_dir.name,
         "started_utc": started.strftime("%Y-%m-%dT%H:%M:%S"),
-        **{kind: _ratio(*kinds[kind]) for kind in ("ttft", "gap", "warmup_gap")},
+        **{kind: _ratio(*kinds[kind]) for kind in ("ttft", "gap", "warmup_gap", "after_idle_ttft")},
     }
 
 
@@ -132,11 +139,12 @@ def main() -> int:
     )
     print(
         "engine    arm       shape                 rep   started (UTC)        TTFT ÷   gap ÷  warm-up gap ÷"
+        "  after-idle TTFT ÷"
     )
     for r in out:
         cells = [
             "" if r[k] is None else f"{r[k]['ratio']:.3f} ({r[k]['observed_ms']:.1f})"
-            for k in ("ttft", "gap", "warmup_gap")
+            for k in ("ttft", "gap", "warmup_gap", "after_idle_ttft")
         ]
         print(
             f"{r['engine']:9} {r['arm']:9} {r['shape']:21} {r['rep']:5} {r['started_utc']}  "

@@ -3,7 +3,7 @@ simulated llama-server's passes slowed after an idle (issue 26; docs/simulator.m
 measurement").
 
     .venv/bin/python benchmarks/sim_vs_real_idle_term.py --results results \\
-        [--gain 0.65] [--rise-s 2] [--decay-s 0.1] \\
+        [--gain 0.65] [--rise-s 2] [--decay-s 0.1] [--engines llamacpp ...] \\
         [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
 
 A llama-server pass after seconds of idle takes up to 1.6 times as long, and the engine comes
@@ -17,9 +17,10 @@ The term is the CPU platform's own after-idle term (servelab.sim.cpu_platform): 
 [0, 1] that rises toward 1 with time constant `--rise-s` while the engine idles; a pass costs
 (1 + gain * c) times its linear time, and c then decays by exp(-pass time / `--decay-s`). The
 workflow fits it from a floor with idle gaps (config `floor.idle_gaps`); this script sets it by
-hand on llama.cpp's fitted step cost, replacing any fitted one, to ask what given constants would
-do. The defaults are the benchmark's shape read by eye, not a fit. vLLM's step cost is left as
-fitted. Nothing under `--results` is written.
+hand on the fitted step cost of each of `--engines` (default llama.cpp's), replacing any fitted
+one, to ask what given constants would do; `--gain 0` scores the fitted platform without its term.
+The defaults are the benchmark's shape read by eye, not a fit. The other engines' step costs are
+left as fitted. Nothing under `--results` is written.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> int:
     parser.add_argument("--gain", type=float, default=0.65)
     parser.add_argument("--rise-s", type=float, default=2.0)
     parser.add_argument("--decay-s", type=float, default=0.1)
+    parser.add_argument("--engines", nargs="+", default=["llamacpp"])
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -59,12 +61,20 @@ def main() -> int:
     platform = fit_platform(runs, dict.fromkeys(sorted({r.engine for r in runs}), "gaps"), config)
     out: dict[str, Any] = {
         "results": str(args.results),
-        "term": {"gain": args.gain, "rise_s": args.rise_s, "decay_s": args.decay_s},
+        "term": {
+            "gain": args.gain,
+            "rise_s": args.rise_s,
+            "decay_s": args.decay_s,
+            "engines": args.engines,
+        },
     }
     given = copy.deepcopy(platform)
-    given["engines"]["llamacpp"]["step_cost"].update(
-        idle_gain=args.gain, idle_rise_s=args.rise_s, idle_decay_s=args.decay_s
-    )
+    for engine in args.engines:
+        if engine not in given["engines"]:
+            raise SystemExit(f"--engines {engine}: no floor run of that engine in {args.results}")
+        given["engines"][engine]["step_cost"].update(
+            idle_gain=args.gain, idle_rise_s=args.rise_s, idle_decay_s=args.decay_s
+        )
     for name, scored in (("as the workflow", platform), ("with the term", given)):
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
