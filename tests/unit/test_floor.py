@@ -21,6 +21,7 @@ from servelab.grid.config import (
     ConfigError,
     FloorShape,
     floor_blocks,
+    floor_idle_gaps,
     floor_run_config,
     floor_settings,
     load_config,
@@ -502,3 +503,13 @@ def test_floor_ids_round_trip_and_a_bad_one_is_named() -> None:
     assert FloorShape.from_id(shape.id) == shape
     with pytest.raises(ValueError, match=r"'rate-0\.28' is not a floor id"):
         FloorShape.from_id("rate-0.28")
+
+
+def test_floor_idle_gaps_are_validated_before_any_job_with_their_key_named() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    good = {**config, "floor": {"idle_gaps": {"every": 6, "seconds": [0.3, 9.0]}}}
+    assert floor_idle_gaps(prepare_config(good)) == {"every": 6, "seconds": [0.3, 9.0]}
+    assert floor_idle_gaps(prepare_config(config)) is None
+    for bad in ({"every": 6}, {"every": 0, "seconds": [1.0]}, {"every": 2, "seconds": [0.0]}):
+        with pytest.raises(ConfigError, match=r"floor\.idle_gaps"):
+            prepare_config({**config, "floor": {"idle_gaps": bad}})

@@ -123,8 +123,9 @@ class FloorPasses:
         return np.maximum(idle, 0.0)
 
 
-# Requests kept out of the linear fit from each idle gap on: the one after it, and the next (a
-# llama-server pass recovers over about 0.1 s of work: benchmarks/idle_wake_cost.py --after).
+# Requests kept out of the linear fit from each idle gap on: the one after it, and the next (on
+# the slowest machine measured, a llama-server pass recovered over about 0.1 s of work, a request
+# or two: benchmarks/idle_wake_cost.py --after).
 AFTER_IDLE_REQUESTS = 2
 
 

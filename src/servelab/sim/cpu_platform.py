@@ -31,9 +31,11 @@ with `StepCost.iteration_time` the same method the engine models call on the L4 
 scheduling logic (`sim.vllm`, `sim.llamacpp`) is unchanged on it. Config `gpu.step_cost` holds the
 coefficients per engine (the sim backend on `gpu.name: CPU`).
 
-**After an idle** a pass costs more: the engine's core comes back to speed over its first work
-(llama-server's first pass after 9 s of idle took 1.59 times its warm time;
-benchmarks/idle_wake_cost.py). A step cost may carry an after-idle term, the core's coldness
+**After an idle** a pass may cost more: the engine's core comes back to speed over its first
+work. How much is the machine's: llama-server's first pass after 9 s of idle took 1.59 times its
+warm time on one machine of the CPU pair's class and 1.02 on another (benchmarks/idle_wake_cost.py;
+docs/simulator.md, "A twelfth measurement"), so it is fitted from each floor's idle gaps, never
+assumed. A step cost may carry an after-idle term, the core's coldness
 c in [0, 1]: while the engine idles for `idle` seconds, c rises toward 1,
 
     c ← 1 − (1 − c) · exp(−idle / idle_rise_s)
