@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -311,34 +311,12 @@ def floor_passes(
                 rows.append(FitRow(label, rid, "ttft", ttft, features, passes, after_idle))
             for itl, (features, passes) in zip(gaps, tokens[1:], strict=False):
                 rows.append(FitRow(label, rid, "itl", itl, features, passes, after_idle))
-    durations = (
-        [timing.iteration_time(**_call_kwargs(f)) for f in recorder.calls]
-        if timing is not None
-        else [recorder.duration_s] * len(recorder.calls)
-    )
     return FloorPasses(
         rows=rows,
         features=np.stack(recorder.calls) if recorder.calls else np.zeros((0, len(FEATURES))),
         starts=np.array([np.nan if t is None else t for t in recorder.starts], dtype=float),
-        durations=np.array(durations, dtype=float),
+        durations=np.array(recorder.durations, dtype=float),
     )
-
-
-def _call_kwargs(features: np.ndarray) -> dict[str, Any]:
-    """A recorded pass's features as `iteration_time`'s arguments."""
-    f = dict(zip(FEATURES, (float(x) for x in features), strict=True))
-    return {
-        "tokens": int(f["tokens"]),
-        "seqs": 1,
-        "sampled": int(f["sampled"]),
-        "attn_pairs": f["attn_pairs"],
-        "kv_tokens": f["kv_tokens"],
-        "cuda_graph": False,
-        "admitted": int(f["admitted"]),
-        "mask_cells": f["mask_cells"],
-        "mask_checks": f["mask_checks"],
-        "wakeups": f["wakeups"],
-    }
 
 
 # Refits on the previous fit's own timing (fit_step_cost), and when they have settled.
@@ -392,12 +370,7 @@ def fit_step_cost(
         again, again_report, passes = _fit_once(
             engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, held
         )
-        moved = max(
-            abs(a - b) / max(abs(b), 1e-12)
-            for a, b in zip(
-                again.coefficients().values(), cost.coefficients().values(), strict=True
-            )
-        )
+        moved = _moved(again.coefficients().values(), cost.coefficients().values())
         cost, report = again, again_report
         report["refits"] = refit
         if moved <= SETTLED_REL:
@@ -413,10 +386,7 @@ def fit_step_cost(
             engine, mine, gpu_memory_mib, model_preset, cost, extra, warmup_rows, held, cost
         )
         again, after_idle = fit_after_idle(linear, passes)
-        moved = max(
-            abs(a - b) / max(abs(b), 1e-12)
-            for a, b in zip(_term_of(again), _term_of(cost), strict=True)
-        )
+        moved = _moved(_term_of(again), _term_of(cost))
         cost = again
         report["refits"] = refits
         report["after_idle_rounds"] = round_
@@ -425,6 +395,11 @@ def fit_step_cost(
     if after_idle is not None:
         report["after_idle"] = after_idle
     return cost, report
+
+
+def _moved(new: Iterable[float], old: Iterable[float]) -> float:
+    """The largest relative change between two fits' parameters."""
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(new, old, strict=True))
 
 
 def _term_of(cost: StepCost) -> tuple[float, float, float]:

@@ -301,8 +301,9 @@ class FeatureRecorder:
 
     duration_s: float = 1e-3
     calls: list[np.ndarray] = field(default_factory=list)
-    # each call's start as the engine model gave it (None: not given)
+    # each call's start as the engine model gave it (None: not given), and the time it returned
     starts: list[float | None] = field(default_factory=list)
+    durations: list[float] = field(default_factory=list)
     timing: StepCost | None = None
 
     @property
@@ -339,8 +340,8 @@ class FeatureRecorder:
                 wakeups=wakeups,
             )
         )
-        if self.timing is not None:
-            return self.timing.iteration_time(
+        seconds = (
+            self.timing.iteration_time(
                 tokens=tokens,
                 seqs=seqs,
                 sampled=sampled,
@@ -352,4 +353,8 @@ class FeatureRecorder:
                 mask_checks=mask_checks,
                 wakeups=wakeups,
             )
-        return self.duration_s
+            if self.timing is not None
+            else self.duration_s
+        )
+        self.durations.append(seconds)
+        return seconds
