@@ -8,12 +8,12 @@ The step model prices a pass as a sum of its features (servelab.sim.cpu_platform
 the fitted coefficients. When one repetition of a condition runs dearer against its prediction
 than another, a mispriced coefficient can explain it only if that repetition's passes carry more
 of the mispriced feature. This predicts each repetition of `--run` on the results folder's fitted
-platform, as the `predict_run` rule does, with a recorder in the cost model's place
-(`servelab.sim.cpu_platform.FeatureRecorder`, timed by the fitted linear model: the after-idle
-term, which has state, is left out, so the schedule can differ a little from the workflow's). It
-prints, per repetition, each feature's mean a pass and its share of the predicted time, and the
-ratio of the repetitions' means a pass. Only the traces, the platform file and the config are
-read.
+platform, as the `predict_run` rule does (`servelab.sim.cpu_fit.predict_run`), with a recorder
+in the cost model's place (`servelab.sim.cpu_platform.FeatureRecorder`, timed by the fitted
+linear model: the after-idle term, which has state, is left out, so the schedule can differ a
+little from the workflow's). It prints, per repetition, each feature's mean a pass and its share
+of the predicted time, and the ratio of the repetitions' means a pass. Only the traces, the
+platform file and the config are read.
 """
 
 from __future__ import annotations
@@ -30,47 +30,33 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_vs_real_slowdown import add_config_arguments, config_of
 
-from servelab.grid.settings import PlatformSettings
-from servelab.sim.cpu_fit import prediction_settings, read_step_costs
+from servelab.sim.cpu_fit import predict_run, prediction_settings, read_step_costs
 from servelab.sim.cpu_platform import FEATURES, FeatureRecorder, StepCost
-from servelab.sim.platform import PlatformModel
-from servelab.sim.run import simulate_run_files
 
 
 def recorded_passes(
     results: Path, config: dict[str, Any], arm: str, engine: str, condition: str, rep: str
 ) -> tuple[np.ndarray, StepCost]:
     """Every simulated pass's features (passes × FEATURES) of one loaded run, and the cost."""
-    cost = read_step_costs(results / "sim_vs_real" / "platform.json")[engine]
+    platform_path = results / "sim_vs_real" / "platform.json"
+    cost = read_step_costs(platform_path)[engine]
     settings = prediction_settings(config, arm=arm, engine=engine, condition=condition)
     recorder = FeatureRecorder(timing=cost)
     trace_dir = results / "traces" / condition / rep
     with tempfile.TemporaryDirectory(prefix="servelab-features-") as tmp:
         out = Path(tmp)
-        simulate_run_files(
+        predict_run(
+            settings,
+            platform_path=platform_path,
             trace_path=trace_dir / "trace.parquet",
             manifest_path=trace_dir / "manifest.json",
             arm=arm,
             engine=engine,
             condition=condition,
             rep=rep,
-            flags=list(settings["flags"]),
-            gpu_name="CPU",
-            gpu_memory_mib=int(settings["gpu_memory_mib"]),
-            model_preset=str(settings["model_preset"]),
-            deployment_id=str(settings["deployment_id"]),
-            warmup_requests=int(settings["warmup_requests"]),
-            request_timeout_s=float(settings["request_timeout_s"]),
-            stream_interval=int(settings["stream_interval"]),
-            telemetry_step_s=float(settings["telemetry_step_s"]),
-            success_threshold=float(settings["success_threshold"]),
-            offered_load_rps=float(settings["offered_load_rps"]),
-            attempt=1,
-            faults=[],
             requests_path=out / "requests.parquet",
             scrape_path=out / "scrape.parquet",
             run_json_path=out / "run.json",
-            platform=PlatformModel(PlatformSettings(enabled=False)),
             step_costs={engine: recorder},
         )
     return np.stack(recorder.calls), cost

@@ -553,6 +553,53 @@ def test_a_predicted_run_is_byte_identical_on_rerun(
     assert np.all(np.asarray(ttft) > 0)
 
 
+def test_a_prediction_timed_by_a_recorder_records_every_pass_and_keeps_the_schedule(
+    floor: tuple[Path, list[FloorRun]], tmp_path: Path
+) -> None:
+    """`predict_run`'s `step_costs` (benchmarks/sim_vs_real_pass_features.py): a recorder timed
+    by the platform's step cost sees every pass and leaves the run as the platform file makes it."""
+    _root, runs = floor
+    platform = tmp_path / "platform.json"
+    platform.write_text(
+        json.dumps({"engines": {"vllm_v1": {"step_cost": TRUE.coefficients()}}}), encoding="utf-8"
+    )
+    trace = runs[-1].trace_dir
+    settings = {
+        "flags": ARMS["matched"],
+        "deployment_id": "matched-vllm-v1",
+        "gpu_memory_mib": 24000,
+        "model_preset": TINY,
+        "warmup_requests": 1,
+        "request_timeout_s": 60.0,
+        "stream_interval": 1,
+        "telemetry_step_s": 1.0,
+        "success_threshold": 0.9,
+        "offered_load_rps": 0.0,
+    }
+    condition = json.loads((trace / "manifest.json").read_text())["condition"]
+    records, recorder = {}, FeatureRecorder(timing=TRUE)
+    for name, step_costs in (("file", None), ("recorder", {"vllm_v1": recorder})):
+        out = tmp_path / name
+        records[name] = predict_run(
+            settings,
+            platform_path=platform,
+            trace_path=trace / "trace.parquet",
+            manifest_path=trace / "manifest.json",
+            arm="matched",
+            engine="vllm_v1",
+            condition=condition,
+            rep="rep1",
+            requests_path=out / "requests.parquet",
+            scrape_path=out / "scrape.parquet",
+            run_json_path=out / "run.json",
+            step_costs=step_costs,
+        )
+    assert (tmp_path / "file" / "requests.parquet").read_bytes() == (
+        tmp_path / "recorder" / "requests.parquet"
+    ).read_bytes()
+    assert len(recorder.calls) == records["recorder"]["sim"]["iterations"] > 0
+
+
 def _prefill_passes(model, recorder, rid: str, ids: np.ndarray) -> list[np.ndarray]:
     """The features of every pass of `rid` up to its first token."""
     model.add_request(rid, ids, 1, 0.0)

@@ -730,10 +730,12 @@ def predict_run(
     requests_path: str | Path,
     scrape_path: str | Path,
     run_json_path: str | Path,
+    step_costs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One run of the grid predicted on the fitted CPU platform: the simulated engine on the
     run's own trace and protocol, no drift or noise (the platform's noise is measured from the
-    floor instead: docs/simulator.md)."""
+    floor instead: docs/simulator.md). `step_costs`: what times the passes in place of the
+    platform file's step costs (a benchmark's `FeatureRecorder`)."""
     if not settings.get("model_preset"):
         raise ValueError("config key model.preset: required to predict a run on the CPU platform")
     return simulate_run_files(
@@ -760,5 +762,5 @@ def predict_run(
         scrape_path=scrape_path,
         run_json_path=run_json_path,
         platform=PlatformModel(PlatformSettings(enabled=False)),
-        step_costs=read_step_costs(platform_path),
+        step_costs=read_step_costs(platform_path) if step_costs is None else step_costs,
     )
