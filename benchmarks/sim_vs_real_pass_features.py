@@ -8,7 +8,7 @@ The step model prices a pass as a sum of its features (servelab.sim.cpu_platform
 the fitted coefficients. When one repetition of a condition runs dearer against its prediction
 than another, a mispriced coefficient can explain it only if that repetition's passes carry more
 of the mispriced feature. This predicts each repetition of `--run` on the results folder's fitted
-platform, as the `predict_run` rule does (`servelab.sim.cpu_fit.predict_run`), with a recorder
+platform, as the `predict_run` rule does (sim_vs_real_slowdown.py's `predict_into`), with a recorder
 in the cost model's place (`servelab.sim.cpu_platform.FeatureRecorder`, timed by the fitted
 linear model: the after-idle term, which has state, is left out, so the schedule can differ a
 little from the workflow's). It prints, per repetition, each feature's mean a pass and its share
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real_slowdown import add_config_arguments, config_of
+from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
 
-from servelab.sim.cpu_fit import predict_run, prediction_settings, read_step_costs
+from servelab.sim.cpu_fit import read_step_costs
 from servelab.sim.cpu_platform import FEATURES, FeatureRecorder, StepCost
 
 
@@ -40,25 +40,10 @@ def recorded_passes(
     """Every simulated pass's features (passes × FEATURES) of one loaded run, and the cost."""
     platform_path = results / "sim_vs_real" / "platform.json"
     cost = read_step_costs(platform_path)[engine]
-    settings = prediction_settings(config, arm=arm, engine=engine, condition=condition)
     recorder = FeatureRecorder(timing=cost)
-    trace_dir = results / "traces" / condition / rep
     with tempfile.TemporaryDirectory(prefix="servelab-features-") as tmp:
-        out = Path(tmp)
-        predict_run(
-            settings,
-            platform_path=platform_path,
-            trace_path=trace_dir / "trace.parquet",
-            manifest_path=trace_dir / "manifest.json",
-            arm=arm,
-            engine=engine,
-            condition=condition,
-            rep=rep,
-            requests_path=out / "requests.parquet",
-            scrape_path=out / "scrape.parquet",
-            run_json_path=out / "run.json",
-            step_costs={engine: recorder},
-        )
+        run = f"{arm}/{engine}/{condition}/{rep}"
+        predict_into(results, config, run, platform_path, Path(tmp), {engine: recorder})
     return np.stack(recorder.calls), cost
 
 

@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,16 @@ def config_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def predict_into(
-    results: Path, config: dict[str, Any], run: str, platform_path: Path, out: Path
+    results: Path,
+    config: dict[str, Any],
+    run: str,
+    platform_path: Path,
+    out: Path,
+    step_costs: Mapping[str, Any] | None = None,
 ) -> None:
     """The loaded run ARM/ENGINE/CONDITION/REP of `results` predicted on `platform_path`, as the
     workflow's `predict_run` rule does (its settings from `config`), into `out`'s requests.parquet,
-    scrape.parquet and run.json."""
+    scrape.parquet and run.json; `step_costs`: what times the passes instead (`predict_run`)."""
     arm, engine, condition, rep = run.split("/")
     trace_dir = results / "traces" / condition / rep
     predict_run(
@@ -99,6 +105,7 @@ def predict_into(
         requests_path=out / "requests.parquet",
         scrape_path=out / "scrape.parquet",
         run_json_path=out / "run.json",
+        step_costs=step_costs,
     )
 
 

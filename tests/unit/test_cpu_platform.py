@@ -499,10 +499,11 @@ def test_the_fit_reads_the_floor_artifacts_and_no_loaded_run(
     assert all(str(results / "floor") in p for p in first["engines"]["vllm_v1"]["fit"]["runs"])
 
 
-def test_a_predicted_run_is_byte_identical_on_rerun(
-    floor: tuple[Path, list[FloorRun]], tmp_path: Path
-) -> None:
-    _root, runs = floor
+def _matched_prediction(
+    runs: list[FloorRun], tmp_path: Path
+) -> tuple[Path, Path, dict[str, Any], str]:
+    """A platform file of TRUE, a floor trace, vLLM matched's prediction settings and the trace's
+    condition: what `predict_run` is given."""
     platform = tmp_path / "platform.json"
     platform.write_text(
         json.dumps({"engines": {"vllm_v1": {"step_cost": TRUE.coefficients()}}}), encoding="utf-8"
@@ -520,7 +521,14 @@ def test_a_predicted_run_is_byte_identical_on_rerun(
         "success_threshold": 0.9,
         "offered_load_rps": 0.0,
     }
-    manifest = json.loads((trace / "manifest.json").read_text())
+    condition = json.loads((trace / "manifest.json").read_text())["condition"]
+    return platform, trace, settings, condition
+
+
+def test_a_predicted_run_is_byte_identical_on_rerun(
+    floor: tuple[Path, list[FloorRun]], tmp_path: Path
+) -> None:
+    platform, trace, settings, condition = _matched_prediction(floor[1], tmp_path)
     outputs = []
     for attempt in ("a", "b"):
         out = tmp_path / attempt
@@ -531,7 +539,7 @@ def test_a_predicted_run_is_byte_identical_on_rerun(
             manifest_path=trace / "manifest.json",
             arm="matched",
             engine="vllm_v1",
-            condition=manifest["condition"],
+            condition=condition,
             rep="rep1",
             requests_path=out / "requests.parquet",
             scrape_path=out / "scrape.parquet",
@@ -558,25 +566,7 @@ def test_a_prediction_timed_by_a_recorder_records_every_pass_and_keeps_the_sched
 ) -> None:
     """`predict_run`'s `step_costs` (benchmarks/sim_vs_real_pass_features.py): a recorder timed
     by the platform's step cost sees every pass and leaves the run as the platform file makes it."""
-    _root, runs = floor
-    platform = tmp_path / "platform.json"
-    platform.write_text(
-        json.dumps({"engines": {"vllm_v1": {"step_cost": TRUE.coefficients()}}}), encoding="utf-8"
-    )
-    trace = runs[-1].trace_dir
-    settings = {
-        "flags": ARMS["matched"],
-        "deployment_id": "matched-vllm-v1",
-        "gpu_memory_mib": 24000,
-        "model_preset": TINY,
-        "warmup_requests": 1,
-        "request_timeout_s": 60.0,
-        "stream_interval": 1,
-        "telemetry_step_s": 1.0,
-        "success_threshold": 0.9,
-        "offered_load_rps": 0.0,
-    }
-    condition = json.loads((trace / "manifest.json").read_text())["condition"]
+    platform, trace, settings, condition = _matched_prediction(floor[1], tmp_path)
     records, recorder = {}, FeatureRecorder(timing=TRUE)
     for name, step_costs in (("file", None), ("recorder", {"vllm_v1": recorder})):
         out = tmp_path / name
