@@ -8,6 +8,7 @@ import itertools
 import json
 import shutil
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -499,11 +500,9 @@ def test_the_fit_reads_the_floor_artifacts_and_no_loaded_run(
     assert all(str(results / "floor") in p for p in first["engines"]["vllm_v1"]["fit"]["runs"])
 
 
-def _matched_prediction(
-    runs: list[FloorRun], tmp_path: Path
-) -> tuple[Path, Path, dict[str, Any], str]:
-    """A platform file of TRUE, a floor trace, vLLM matched's prediction settings and the trace's
-    condition: what `predict_run` is given."""
+def _matched_predictor(runs: list[FloorRun], tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """`predict_run` of vLLM matched on a floor trace and a platform file of TRUE: called with the
+    folder to write into and, optionally, `step_costs`."""
     platform = tmp_path / "platform.json"
     platform.write_text(
         json.dumps({"engines": {"vllm_v1": {"step_cost": TRUE.coefficients()}}}), encoding="utf-8"
@@ -522,17 +521,9 @@ def _matched_prediction(
         "offered_load_rps": 0.0,
     }
     condition = json.loads((trace / "manifest.json").read_text())["condition"]
-    return platform, trace, settings, condition
 
-
-def test_a_predicted_run_is_byte_identical_on_rerun(
-    floor: tuple[Path, list[FloorRun]], tmp_path: Path
-) -> None:
-    platform, trace, settings, condition = _matched_prediction(floor[1], tmp_path)
-    outputs = []
-    for attempt in ("a", "b"):
-        out = tmp_path / attempt
-        record = predict_run(
+    def predict(out: Path, step_costs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return predict_run(
             settings,
             platform_path=platform,
             trace_path=trace / "trace.parquet",
@@ -544,7 +535,20 @@ def test_a_predicted_run_is_byte_identical_on_rerun(
             requests_path=out / "requests.parquet",
             scrape_path=out / "scrape.parquet",
             run_json_path=out / "run.json",
+            step_costs=step_costs,
         )
+
+    return predict
+
+
+def test_a_predicted_run_is_byte_identical_on_rerun(
+    floor: tuple[Path, list[FloorRun]], tmp_path: Path
+) -> None:
+    predict = _matched_predictor(floor[1], tmp_path)
+    outputs = []
+    for attempt in ("a", "b"):
+        out = tmp_path / attempt
+        record = predict(out)
         assert record["status"] == "ok"
         assert record["sim"]["step_cost"] == TRUE.coefficients()
         # matched chunking: some steps only prefill, and V1's step counter leaves them out
@@ -566,24 +570,10 @@ def test_a_prediction_timed_by_a_recorder_records_every_pass_and_keeps_the_sched
 ) -> None:
     """`predict_run`'s `step_costs` (benchmarks/sim_vs_real_pass_features.py): a recorder timed
     by the platform's step cost sees every pass and leaves the run as the platform file makes it."""
-    platform, trace, settings, condition = _matched_prediction(floor[1], tmp_path)
+    predict = _matched_predictor(floor[1], tmp_path)
     records, recorder = {}, FeatureRecorder(timing=TRUE)
     for name, step_costs in (("file", None), ("recorder", {"vllm_v1": recorder})):
-        out = tmp_path / name
-        records[name] = predict_run(
-            settings,
-            platform_path=platform,
-            trace_path=trace / "trace.parquet",
-            manifest_path=trace / "manifest.json",
-            arm="matched",
-            engine="vllm_v1",
-            condition=condition,
-            rep="rep1",
-            requests_path=out / "requests.parquet",
-            scrape_path=out / "scrape.parquet",
-            run_json_path=out / "run.json",
-            step_costs=step_costs,
-        )
+        records[name] = predict(tmp_path / name, step_costs)
     assert (tmp_path / "file" / "requests.parquet").read_bytes() == (
         tmp_path / "recorder" / "requests.parquet"
     ).read_bytes()
