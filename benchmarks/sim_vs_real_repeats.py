@@ -8,7 +8,8 @@ each against the same prediction (issue 26; docs/simulator.md, "The repeated mis
 Each DIR holds one making of the condition's real runs, as results/runs/ARM/ENGINE/CONDITION does
 (rep1/run.json, rep2/run.json, ...): runs made again in a scratch clone. Without `--made`, each
 `--run` is compared on the results folder's own runs (one making each), and the pairs of all of
-them are summed up at the end: a measurement's own spread of later ÷ first repetition.
+them are summed up at the end, by engine: a measurement's own spread of each later repetition ÷ the
+first. Later and first are by name (rep2 ÷ rep1), not by the order the runs were made in.
 For each repetition, the predicted engine seconds are the sum of its simulated passes' times on
 `--results`' fitted platform (sim_vs_real_pass_features.py's `recorded_passes`: the linear model,
 without the after-idle term, which past saturation has no idle to act on). For each making, the
@@ -60,6 +61,17 @@ def real_seconds(run_json: Path) -> tuple[float, str]:
     return float(load["engine"]["busy"]) * float(load["window_s"]), str(record["trace_sha256"])
 
 
+def spread_of(values: list[float]) -> dict[str, Any]:
+    """How many ratios, their mean, standard deviation (None for one) and range."""
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 4),
+        "sd": round(statistics.stdev(values), 4) if len(values) > 1 else None,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
 def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -> dict[str, Any]:
     """One condition's makings `made` against its prediction on `results`' platform, printed."""
     try:
@@ -76,7 +88,12 @@ def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -
     traces: dict[str, str] = {}
     makings: list[dict[str, Any]] = []
     print(f"{run}: predicted engine seconds " + ", ".join(f"{r} {predicted[r]:.3f}" for r in reps))
-    print("making | " + " | ".join(f"{r} real s, ÷ predicted" for r in reps) + " | later ÷ first")
+    print(
+        "making | "
+        + " | ".join(f"{r} real s, ÷ predicted" for r in reps)
+        + " | "
+        + " | ".join(f"{r} ÷ {first}" for r in later)
+    )
     for folder in made:
         ratio: dict[str, float] = {}
         row: dict[str, Any] = {"made": str(folder), "reps": {}}
@@ -90,21 +107,14 @@ def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -
                 "real_s": round(seconds, 3),
                 "real_over_predicted": round(ratio[rep], 4),
             }
-        row["later_over_first"] = {r: round(ratio[r] / ratio[first], 4) for r in later}
+        row["over_first_rep"] = {r: round(ratio[r] / ratio[first], 4) for r in later}
         makings.append(row)
         cells = " | ".join(f"{row['reps'][r]['real_s']:.2f}, {ratio[r]:.3f}" for r in reps)
-        relative = ", ".join(f"{row['later_over_first'][r]:.3f}" for r in later)
+        relative = ", ".join(f"{row['over_first_rep'][r]:.3f}" for r in later)
         print(f"{folder} | {cells} | {relative}")
     summary: dict[str, Any] = {}
     for rep in later:
-        values = [m["later_over_first"][rep] for m in makings]
-        summary[f"{rep}_over_{first}"] = {
-            "makings": len(values),
-            "mean": round(statistics.fmean(values), 4),
-            "sd": round(statistics.stdev(values), 4) if len(values) > 1 else None,
-            "min": min(values),
-            "max": max(values),
-        }
+        summary[f"{rep}_over_{first}"] = spread_of([m["over_first_rep"][rep] for m in makings])
     for rep in reps:
         values = [m["reps"][rep]["real_over_predicted"] for m in makings]
         summary[f"{rep}_real_over_predicted"] = {"min": min(values), "max": max(values)}
@@ -147,18 +157,14 @@ def main() -> int:
     for c in compared:
         engine = c["run"].split("/")[1]
         for m in c["makings"]:
-            by_engine.setdefault(engine, []).extend(m["later_over_first"].values())
+            by_engine.setdefault(engine, []).extend(m["over_first_rep"].values())
     spread: dict[str, Any] = {}
     for engine, pairs in sorted(by_engine.items()):
         if len(pairs) > 1:
-            spread[engine] = {
-                "pairs": len(pairs),
-                "mean": round(statistics.fmean(pairs), 4),
-                "sd": round(statistics.stdev(pairs), 4),
-                "min": min(pairs),
-                "max": max(pairs),
-            }
-            print(f"{engine}, later ÷ first over {len(pairs)} pairs: {spread[engine]}")
+            spread[engine] = spread_of(pairs)
+            print(
+                f"{engine}, the later repetitions ÷ the first over {len(pairs)} pairs: {spread[engine]}"
+            )
     if args.json:
         out = {"results": str(args.results), "compared": compared, "by_engine": spread}
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
