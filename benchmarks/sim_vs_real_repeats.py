@@ -17,8 +17,8 @@ real engine seconds are the engine cores' busy share times the run's window (run
 `machine_load`), which counts every thread of the engine's process group on its cores. The
 prediction is the same for every making, so the spread of real ÷ predicted over makings of one
 repetition is the run's own variation, and a repetition whose trace carries a cost the model
-misses stays dear against the others in every making. Every making must have run the same trace
-(run.json's `trace_sha256`, checked against the first making's).
+misses stays dear against the others in every making. Every making must have run the trace the
+prediction ran (run.json's `trace_sha256` against `--results`' traces/CONDITION/REP/trace.parquet).
 
 The makings kept in docs (2026-12-05) were made in a scratch clone of main with the workflow as
 `make sim-vs-real` runs it, on a config overlay that keeps one condition (or the two the campaign
@@ -41,6 +41,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_vs_real_pass_features import recorded_passes
 from sim_vs_real_slowdown import add_config_arguments, config_of
+
+from servelab.artifacts import file_sha256
 
 
 def predicted_seconds(
@@ -85,7 +87,10 @@ def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -
         rep: predicted_seconds(results, config, arm, engine, condition, rep) for rep in reps
     }
     first, *later = reps
-    traces: dict[str, str] = {}
+    # the trace each prediction ran, which every making must have run too
+    traces = {
+        rep: file_sha256(results / "traces" / condition / rep / "trace.parquet") for rep in reps
+    }
     makings: list[dict[str, Any]] = []
     print(f"{run}: predicted engine seconds " + ", ".join(f"{r} {predicted[r]:.3f}" for r in reps))
     print(
@@ -100,8 +105,10 @@ def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -
         for rep in reps:
             run_json = folder / rep / "run.json"
             seconds, trace = real_seconds(run_json)
-            if traces.setdefault(rep, trace) != trace:
-                raise SystemExit(f"{run_json}: trace_sha256 {trace} is not {traces[rep]}")
+            if trace != traces[rep]:
+                raise SystemExit(
+                    f"{run_json}: trace_sha256 {trace} is not the predicted trace's {traces[rep]}"
+                )
             ratio[rep] = seconds / predicted[rep]
             row["reps"][rep] = {
                 "real_s": round(seconds, 3),
