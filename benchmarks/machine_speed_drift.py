@@ -65,9 +65,15 @@ def cache_slice(a: np.ndarray, b: np.ndarray) -> float:
     return products * 2 * MATRIX**3 / (time.perf_counter() - start) / 1e9
 
 
-def spread(values: list[float]) -> float:
-    """Standard deviation over mean."""
+def spread(values: list[float]) -> float | None:
+    """Standard deviation over mean; None for fewer than two values (a probe of one window)."""
+    if len(values) < 2:
+        return None
     return statistics.stdev(values) / statistics.fmean(values)
+
+
+def rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def main() -> int:
@@ -86,7 +92,7 @@ def main() -> int:
     b = rng.random((MATRIX, MATRIX), dtype=np.float32)
     started = time.time()
     t0 = time.perf_counter()
-    kinds = {"memory GB/s": [], "in cache GFLOP/s": []}
+    kinds: dict[str, list[float]] = {"memory GB/s": [], "in cache GFLOP/s": []}
     times: list[float] = []
     while time.perf_counter() - t0 < args.minutes * 60:  # bounded by --minutes
         times.append(time.perf_counter() - t0)
@@ -112,13 +118,16 @@ def main() -> int:
         means[kind] = [statistics.fmean(w) for w in windows]
         per_window = statistics.fmean(len(w) for w in windows)
         grand = statistics.fmean(values)
+        of_slices = spread(values)
         out["kinds"][kind] = {
             "mean": round(grand, 3),
             "slices": len(values),
-            "sd_of_slices": round(spread(values), 4),
+            "sd_of_slices": rounded(of_slices),
             "windows": len(windows),
-            "sd_of_window_means": round(spread(means[kind]), 4),
-            "sd_if_slices_were_independent": round(spread(values) / per_window**0.5, 4),
+            "sd_of_window_means": rounded(spread(means[kind])),
+            "sd_if_slices_were_independent": rounded(
+                None if of_slices is None else of_slices / per_window**0.5
+            ),
             "window_means_over_mean": [round(m / grand, 4) for m in means[kind]],
         }
         k = out["kinds"][kind]
@@ -129,9 +138,10 @@ def main() -> int:
             f"window means {min(k['window_means_over_mean'])}-{max(k['window_means_over_mean'])}"
         )
     names = list(means)
-    r = float(np.corrcoef(means[names[0]], means[names[1]])[0, 1])
-    out["window_means_correlation"] = round(r, 3)
-    print(f"correlation of the two kernels' window means: {r:.3f}")
+    if len(means[names[0]]) > 2:
+        r = float(np.corrcoef(means[names[0]], means[names[1]])[0, 1])
+        out["window_means_correlation"] = round(r, 3)
+        print(f"correlation of the two kernels' window means: {r:.3f}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     return 0

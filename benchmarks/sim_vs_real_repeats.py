@@ -20,6 +20,12 @@ repetition is the run's own variation, and a repetition whose trace carries a co
 misses stays dear against the others in every making. Every making must have run the trace the
 prediction ran (run.json's `trace_sha256` against `--results`' traces/CONDITION/REP/trace.parquet).
 
+A making's folder may also hold probe-before.json and probe-after.json: machine_speed_drift.py's
+--json of a few seconds on the engine's core just before and after the making. Their mean
+memory-streaming speed is then printed beside the making, and, over three or more probed makings,
+its Pearson correlation (scipy) with the making's mean real ÷ predicted: whether a probe of the
+machine tells a dear making from a cheap one.
+
 The makings kept in docs (2026-12-05) were made in a scratch clone of main with the workflow as
 `make sim-vs-real` runs it, on a config overlay that keeps one condition (or the two the campaign
 runs in a row), each making's runs moved aside before the next:
@@ -27,6 +33,11 @@ runs in a row), each making's runs moved aside before the next:
     snakemake --cores 1 results/runs/defaults/llamacpp/rate-6.00/rep1/run.json \\
         --configfile config/cpu-pair.yaml config/sim-vs-real.yaml OVERLAY
     mv results/runs/defaults/llamacpp/rate-6.00 made/N
+
+and, for the probed makings, around the snakemake line (then moved into made/N):
+
+    machine_speed_drift.py --minutes 0.05 --window-s 3 --json probe-before.json
+    machine_speed_drift.py --minutes 0.05 --window-s 3 --json probe-after.json
 """
 
 from __future__ import annotations
@@ -37,6 +48,9 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_vs_real_pass_features import recorded_passes
@@ -64,14 +78,32 @@ def real_seconds(run_json: Path) -> tuple[float, str]:
 
 
 def spread_of(values: list[float]) -> dict[str, Any]:
-    """How many ratios, their mean, standard deviation (None for one) and range."""
-    return {
+    """How many ratios, their mean, median, standard deviation (None for one) and range, and from
+    six on the Wilcoxon signed-rank test of their logarithms against 0 (scipy): a small p says
+    the later repetition is dearer, or cheaper, than the first more often than chance."""
+    out: dict[str, Any] = {
         "n": len(values),
         "mean": round(statistics.fmean(values), 4),
+        "median": round(statistics.median(values), 4),
         "sd": round(statistics.stdev(values), 4) if len(values) > 1 else None,
         "min": min(values),
         "max": max(values),
     }
+    if len(values) >= 6:
+        out["wilcoxon_p"] = float(f"{stats.wilcoxon(np.log(values)).pvalue:.3g}")
+    return out
+
+
+def probe_gbps(folder: Path) -> float | None:
+    """The mean memory-streaming speed of a making's probes, GB/s: probe-before.json and
+    probe-after.json in its folder (machine_speed_drift.py's --json), or None without both."""
+    paths = [folder / "probe-before.json", folder / "probe-after.json"]
+    if not all(p.is_file() for p in paths):
+        return None
+    speeds = [
+        json.loads(p.read_text(encoding="utf-8"))["kinds"]["memory GB/s"]["mean"] for p in paths
+    ]
+    return statistics.fmean(speeds)
 
 
 def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -> dict[str, Any]:
@@ -115,11 +147,30 @@ def compare(results: Path, config: dict[str, Any], run: str, made: list[Path]) -
                 "real_over_predicted": round(ratio[rep], 4),
             }
         row["over_first_rep"] = {r: round(ratio[r] / ratio[first], 4) for r in later}
+        probe = probe_gbps(folder)
+        if probe is not None:
+            row["probe_memory_gbps"] = round(probe, 3)
         makings.append(row)
         cells = " | ".join(f"{row['reps'][r]['real_s']:.2f}, {ratio[r]:.3f}" for r in reps)
         relative = ", ".join(f"{row['over_first_rep'][r]:.3f}" for r in later)
         print(f"{folder} | {cells} | {relative}")
     summary: dict[str, Any] = {}
+    probed = [m for m in makings if "probe_memory_gbps" in m]
+    if len(probed) > 2:
+        # a slow machine streams slowly and makes the runs dear: a negative correlation
+        mean_ratio = [
+            statistics.fmean(r["real_over_predicted"] for r in m["reps"].values()) for m in probed
+        ]
+        speeds = [m["probe_memory_gbps"] for m in probed]
+        test = stats.pearsonr(speeds, mean_ratio)
+        summary["probe_correlation"] = {
+            "makings": len(probed),
+            "r": round(float(test.statistic), 3),
+            "p": float(f"{test.pvalue:.3g}"),
+        }
+        print(
+            f"probe speed against the making's mean real ÷ predicted: {summary['probe_correlation']}"
+        )
     for rep in later:
         summary[f"{rep}_over_{first}"] = spread_of([m["over_first_rep"][rep] for m in makings])
     for rep in reps:
