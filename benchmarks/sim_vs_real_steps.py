@@ -21,6 +21,8 @@ For every repetition of each `--run`, on both sides:
   of benchmarks/sim_vs_real_passes.py on the same results) gives it;
 - each step's time (from the burst before it to its own) by kind: steps that only decode, by the
   requests served, and steps that emit first tokens, by how many;
+- for the requests sent while another was in flight: how many steps ended between a request's
+  send and its first token (median), and its time to first token;
 - a least-squares line through the decode-only steps: time = base + per_seq x requests served
   + per_sent x requests sent while the step ran, with each coefficient's standard error. A
   request's front-end work (tokenising, on the engine's core) slows the steps it runs beside:
@@ -140,6 +142,33 @@ def step_times_by_kind(steps: list[Step]) -> dict[str, dict[str, float]]:
     }
 
 
+def busy_waits(requests: list[dict[str, Any]], steps: list[Step]) -> dict[str, Any]:
+    """For the requests sent while another was in flight (sent before, its last token after):
+    how many steps ended between a request's send and its first token (the other requests'
+    bursts), and its time to first token, as medians. A request the engine admits in the step
+    after the one running at its send has 1; each step it waits longer adds one."""
+    measured = [
+        r for r in requests if not r["warmup"] and r["status"] == "ok" and r["chunk_times_s"]
+    ]
+    spans = [(float(r["sent_s"]), r["chunk_times_s"][-1]) for r in measured]
+    ends = np.array([s.first_s for s in steps])
+    waits, ttfts = [], []
+    for r in measured:
+        sent, first = float(r["sent_s"]), r["chunk_times_s"][0]
+        if not any(a < sent < b for a, b in spans):
+            continue
+        # the request's own first burst is the step that gave its first token: not counted
+        waits.append(int(np.count_nonzero((ends > sent) & (ends < first - 1e-4))))
+        ttfts.append(first - sent)
+    if not waits:
+        return {"requests": 0}
+    return {
+        "requests": len(waits),
+        "median_steps_before_first_token": float(np.median(waits)),
+        "median_ttft_s": round(float(np.median(ttfts)), 6),
+    }
+
+
 def engine_passes(path: Path | None) -> dict[str, int]:
     """run id -> the real engine's own count of its passes (for vLLM V1: steps with output), from
     benchmarks/sim_vs_real_passes.py's JSON; empty without one."""
@@ -162,6 +191,7 @@ def one_side(run_dir: Path, gap_s: float, merge_s: float) -> dict[str, Any]:
         "mean_served": round(float(np.mean([len(s.served) for s in steps])), 3),
         "by_kind": step_times_by_kind(steps),
         "decode_line": decode_line(steps, sent),
+        "sent_while_busy": busy_waits(requests, steps),
     }
 
 
@@ -240,6 +270,15 @@ def print_run(name: str, sides: dict[str, dict[str, Any]]) -> None:
             f"per request served {1e3 * c['per_seq']:.3f} ms, per request sent "
             f"{1e3 * c['per_sent']:.2f} ± {1e3 * se['per_sent']:.2f} ms "
             f"({line['steps_with_sends']} steps with a send)"
+        )
+    busy = [side["sent_while_busy"] for side in (real, pred)]
+    if busy[0]["requests"]:
+        print(
+            f"  sent while another was in flight: {busy[0]['requests']} requests; steps before "
+            f"the first token (median) real {busy[0]['median_steps_before_first_token']:g}, "
+            f"predicted {busy[1].get('median_steps_before_first_token', float('nan')):g}; "
+            f"TTFT {1e3 * busy[0]['median_ttft_s']:.1f} and "
+            f"{1e3 * busy[1].get('median_ttft_s', float('nan')):.1f} ms"
         )
     kinds = sorted(set(real["by_kind"]) | set(pred["by_kind"]))
     print(f"  {'kind':5s} {'real: steps, median ms, total s':>34s} {'predicted':>28s}")
