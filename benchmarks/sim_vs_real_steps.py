@@ -1,5 +1,5 @@
 """An engine's steps rebuilt from what its clients received, real against predicted (issue 26;
-docs/simulator.md, "Fix 11: the front end's work, beside the steps").
+docs/simulator.md, "The front end's work, step by step").
 
     .venv/bin/python benchmarks/sim_vs_real_steps.py --results results \\
         --run defaults/vllm_v1/rate-6.00 [--run ...] [--predicted DIR] [--passes PASSES] \\
@@ -25,8 +25,8 @@ For every repetition of each `--run`, on both sides:
   send and its first token (median), and its time to first token;
 - a least-squares line through the decode-only steps: time = base + per_seq x requests served
   + per_sent x requests sent while the step ran, with each coefficient's standard error. A
-  request's front-end work (tokenising, on the engine's core) slows the steps it runs beside:
-  that is `per_sent`.
+  request's front-end work (tokenising, on the engine's core) slows the step running while it is
+  done: that is `per_sent`.
 
 Only the runs' artifacts are read; nothing is fitted to them but the line.
 """
@@ -111,7 +111,7 @@ def decode_line(steps: list[Step], sent_s: np.ndarray) -> dict[str, Any]:
         sent = int(np.count_nonzero((sent_s >= before.first_s) & (sent_s < step.first_s)))
         rows.append([1.0, float(len(step.served)), float(sent)])
         times.append(step.first_s - before.first_s)
-    x, y = np.array(rows), np.array(times)
+    x, y = np.array(rows).reshape(-1, 3), np.array(times)
     if len(y) <= x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
         return {"steps": len(y), "coefficients_s": None}
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
