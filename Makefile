@@ -104,10 +104,14 @@ format: $(STAMP)
 	$(BIN)/ruff format $(LINT_PATHS)
 	$(BIN)/snakefmt $(SNAKE_PATHS)
 
-$(STAMP): pyproject.toml
+# The runtime packages at the versions requirements/verify.lock pins (a constraint: the dev tools
+# are free): a bundle made in .venv must regenerate byte for byte in .venv-verify, and a new
+# release on PyPI (fonttools 4.69.1 changed the fonts embedded in the PDF figures) must not make
+# this machine's figures differ from an evaluator's.
+$(STAMP): pyproject.toml requirements/verify.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c requirements/verify.lock
 	touch $(STAMP)
 
 # Re-analysis without a GPU (docs/artifact.md): rebuilds a bundle's tables, figures and numbers
