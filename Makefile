@@ -107,11 +107,13 @@ format: $(STAMP)
 # The runtime packages at the versions requirements/verify.lock pins (a constraint: the dev tools
 # are free): a bundle made in .venv must regenerate byte for byte in .venv-verify, and a new
 # release on PyPI (fonttools 4.69.1 changed the fonts embedded in the PDF figures) must not make
-# this machine's figures differ from an evaluator's.
+# this machine's figures differ from an evaluator's. The lock's hashes are left out of the
+# constraint: with them pip would require a hash for the editable servelab too.
 $(STAMP): pyproject.toml requirements/verify.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' -c requirements/verify.lock
+	sed -e 's/ \\$$//' -e '/^ *--hash=/d' requirements/verify.lock >$(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -c $(VENV)/constraints.txt
 	touch $(STAMP)
 
 # Re-analysis without a GPU (docs/artifact.md): rebuilds a bundle's tables, figures and numbers
