@@ -8,11 +8,9 @@ docs/simulator.md, "The front end's work, step by step").
 vLLM V1 streams the tokens of one engine step to every request it served in the step together,
 so the client's chunks (`chunk_times_s` of requests.parquet, one token each) come in bursts, one
 a step. The engines' own counters give only totals (benchmarks/sim_vs_real_passes.py); the bursts
-give each step. A burst ends where a request already in it receives another token, or after a
-silence of `--gap-ms`. The API server writes a step's output on the engine's own core, and the
-kernel may take the core from it in mid-burst: two bursts less than `--merge-ms` apart with no
-request in common are one step. The predicted runs (`--predicted`, the workflow's
-results/sim_vs_real/predicted) hold the simulated steps' tokens at the steps' ends, and the same
+give each step: `servelab.analysis.sim_vs_real.client_steps`, the rule the workflow's iteration
+profile uses, with its silence (`--gap-ms`) and merge window (`--merge-ms`) as options. The
+predicted runs (`--predicted`, the workflow's results/sim_vs_real/predicted) hold the simulated steps' tokens at the steps' ends, and the same
 rebuilding gives back the simulator's own count of steps with output (`sim.steps_with_output` of
 their run.json), which the script checks.
 
@@ -38,62 +36,20 @@ import itertools
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from servelab.analysis.sim_vs_real import STEP_GAP_S, STEP_MERGE_S, ClientStep, client_steps
+
 # The decode-only steps' groups (requests served), and the most first tokens a group separates.
 SERVED_BIN = 5
 MOST_FIRSTS = 4
 
 
-@dataclass
-class Step:
-    """One engine step as the clients saw it: the burst of its tokens."""
-
-    first_s: float
-    last_s: float
-    served: set[str] = field(default_factory=set)
-    firsts: int = 0  # requests whose first token it carried
-
-
-def rebuild_steps(requests: list[dict[str, Any]], gap_s: float, merge_s: float) -> list[Step]:
-    """The steps of one run from its requests' token times (module docstring), in time order."""
-    tokens = sorted(
-        (t, r["request_id"], k)
-        for r in requests
-        if r["status"] == "ok"
-        for k, t in enumerate(r["chunk_times_s"])
-    )
-    bursts: list[Step] = []
-    for t, rid, k in tokens:
-        last = bursts[-1] if bursts else None
-        if last is None or t - last.last_s > gap_s or rid in last.served:
-            last = Step(t, t)
-            bursts.append(last)
-        last.served.add(rid)
-        last.last_s = t
-        last.firsts += k == 0
-    steps: list[Step] = []
-    for burst in bursts:
-        before = steps[-1] if steps else None
-        if (
-            before is not None
-            and not before.served & burst.served
-            and burst.first_s - before.last_s < merge_s
-        ):
-            before.served |= burst.served
-            before.firsts += burst.firsts
-            before.last_s = burst.last_s
-        else:
-            steps.append(burst)
-    return steps
-
-
-def step_kind(step: Step) -> str:
+def step_kind(step: ClientStep) -> str:
     """`dNN`: decode only, NN and more requests served (SERVED_BIN a group); `fN`: N first
     tokens (MOST_FIRSTS: that many or more)."""
     if step.firsts:
@@ -101,7 +57,7 @@ def step_kind(step: Step) -> str:
     return f"d{SERVED_BIN * (len(step.served) // SERVED_BIN):02d}"
 
 
-def decode_line(steps: list[Step], sent_s: np.ndarray) -> dict[str, Any]:
+def decode_line(steps: list[ClientStep], sent_s: np.ndarray) -> dict[str, Any]:
     """time = base + per_seq x served + per_sent x requests sent during the step, over the
     decode-only steps (least squares), with standard errors (seconds)."""
     rows, times = [], []
@@ -127,7 +83,7 @@ def decode_line(steps: list[Step], sent_s: np.ndarray) -> dict[str, Any]:
     }
 
 
-def step_times_by_kind(steps: list[Step]) -> dict[str, dict[str, float]]:
+def step_times_by_kind(steps: list[ClientStep]) -> dict[str, dict[str, float]]:
     """Per kind (step_kind): the steps, their median and their total time (seconds)."""
     groups: dict[str, list[float]] = defaultdict(list)
     for before, step in itertools.pairwise(steps):
@@ -142,7 +98,7 @@ def step_times_by_kind(steps: list[Step]) -> dict[str, dict[str, float]]:
     }
 
 
-def busy_waits(requests: list[dict[str, Any]], steps: list[Step]) -> dict[str, Any]:
+def busy_waits(requests: list[dict[str, Any]], steps: list[ClientStep]) -> dict[str, Any]:
     """For the requests sent while another was in flight (sent before, its last token after):
     how many steps ended between a request's send and its first token (the other requests'
     bursts), and its time to first token, as medians. A request the engine admits in the step
@@ -179,7 +135,7 @@ def engine_passes(path: Path | None) -> dict[str, int]:
 
 def one_side(run_dir: Path, gap_s: float, merge_s: float) -> dict[str, Any]:
     requests = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    steps = rebuild_steps(requests, gap_s, merge_s)
+    steps = client_steps([r for r in requests if r["status"] == "ok"], gap_s, merge_s)
     sent = np.array(
         sorted(float(r["sent_s"]) for r in requests if r["sent_s"] is not None), dtype=float
     )
@@ -209,8 +165,8 @@ def main() -> None:
         type=Path,
         help="benchmarks/sim_vs_real_passes.py's JSON of the same results: the engine's own counts",
     )
-    parser.add_argument("--gap-ms", type=float, default=2.0)
-    parser.add_argument("--merge-ms", type=float, default=10.0)
+    parser.add_argument("--gap-ms", type=float, default=1e3 * STEP_GAP_S)
+    parser.add_argument("--merge-ms", type=float, default=1e3 * STEP_MERGE_S)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     predicted = args.predicted or args.results / "sim_vs_real" / "predicted"

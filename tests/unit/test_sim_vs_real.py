@@ -279,3 +279,39 @@ def test_iterations_are_read_from_when_the_tokens_reached_the_client(tmp_path: P
     profile = iteration_profile(table)
     assert profile["2-3"] == {"iterations": 5, "median_gap_s": pytest.approx(0.010)}
     assert profile["1"] == {"iterations": 3, "median_gap_s": pytest.approx(0.004)}
+
+
+def test_a_step_written_slot_by_slot_is_one_iteration(tmp_path: Path) -> None:
+    """llama-server writes each slot's token from its own HTTP thread, so one pass's tokens reach
+    the clients up to milliseconds apart: four slots' tokens 0.6 ms apart, a pass every 10 ms,
+    are one iteration a pass (cutting at every gap over 0.5 ms made four)."""
+    from servelab.analysis.sim_vs_real import iterations
+
+    rows = []
+    for k in range(4):
+        times = [0.010 * i + 0.0006 * k for i in range(6)]
+        rows.append(
+            {
+                "run_id": "r",
+                "request_id": f"slot{k}",
+                "graph_id": 1,
+                "role": "worker",
+                "warmup": False,
+                "scheduled_s": 0.0,
+                "sent_s": 0.0,
+                "written_s": 0.0,
+                "chunk_times_s": times,
+                "chunk_tokens": [1] * len(times),
+                "prompt_tokens": 10,
+                "output_tokens": len(times),
+                "max_tokens": 10,
+                "status": "ok",
+                "error": None,
+            }
+        )
+    write_parquet(
+        tmp_path / "requests.parquet", pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA
+    )
+    starts, tokens = iterations(pq.read_table(tmp_path / "requests.parquet"))
+    assert tokens.tolist() == [4] * 6
+    assert starts == pytest.approx([0.010 * i for i in range(6)])

@@ -1,5 +1,6 @@
-"""benchmarks/sim_vs_real_steps.py: an engine's steps rebuilt from the token bursts its clients
-received, and what is read off them (docs/simulator.md, "The front end's work, step by step")."""
+"""An engine's steps rebuilt from the token bursts its clients received
+(`servelab.analysis.sim_vs_real.client_steps`), and what benchmarks/sim_vs_real_steps.py reads
+off them (docs/simulator.md, "The front end's work, step by step")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from servelab.analysis.sim_vs_real import ClientStep, client_steps
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,7 +22,7 @@ def _load() -> Any:
     spec = importlib.util.spec_from_file_location("sim_vs_real_steps", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["sim_vs_real_steps"] = module  # its dataclass looks its module up there
+    sys.modules["sim_vs_real_steps"] = module
     spec.loader.exec_module(module)
     return module
 
@@ -35,6 +38,7 @@ def request(rid: str, sent_s: float, times: list[float]) -> dict[str, Any]:
         "warmup": False,
         "sent_s": sent_s,
         "chunk_times_s": times,
+        "chunk_tokens": [1] * len(times),
     }
 
 
@@ -49,12 +53,13 @@ def test_bursts_become_steps() -> None:
         request("b", 0.0, [0.0101, 0.0240, 0.0301]),
         request("c", 0.012, [0.0302]),
     ]
-    steps = steps_mod.rebuild_steps(runs, GAP_S, MERGE_S)
+    steps = client_steps(runs, GAP_S, MERGE_S)
     assert [sorted(s.served) for s in steps] == [["a", "b"], ["a", "b"], ["a", "b", "c"]]
     assert [s.firsts for s in steps] == [2, 0, 1]
+    assert [s.tokens for s in steps] == [2, 2, 3]
     assert steps[1].first_s == 0.0200 and steps[1].last_s == 0.0240
     # a tighter merge window keeps the halves apart
-    assert len(steps_mod.rebuild_steps(runs, GAP_S, 0.003)) == 4
+    assert len(client_steps(runs, GAP_S, 0.003)) == 4
 
 
 def test_decode_line_charges_a_send_to_the_step_it_ran_during() -> None:
@@ -62,14 +67,14 @@ def test_decode_line_charges_a_send_to_the_step_it_ran_during() -> None:
     during the step: the line gives those back, and a send is counted in the step whose window
     (from the burst before it to its own) holds it."""
     rng = np.random.default_rng(7)
-    steps, sent, t = [steps_mod.Step(0.0, 0.0, {"x"})], [], 0.0
+    steps, sent, t = [ClientStep(0.0, 0.0, {"x"})], [], 0.0
     for k in range(200):
         served = int(rng.integers(1, 12))
         sends = int(rng.integers(0, 3)) if k % 3 == 0 else 0
         duration = 0.004 + 0.0004 * served + 0.004 * sends
         sent += [t + duration * (j + 1) / (sends + 1) for j in range(sends)]
         t += duration
-        steps.append(steps_mod.Step(t, t, {f"r{i}" for i in range(served)}))
+        steps.append(ClientStep(t, t, {f"r{i}" for i in range(served)}))
     line = steps_mod.decode_line(steps, np.array(sent))
     c = line["coefficients_s"]
     assert c["base"] == pytest.approx(0.004, abs=1e-9)
@@ -89,7 +94,7 @@ def test_steps_before_a_busy_arrivals_first_token() -> None:
         request("b", 0.012, [0.025, 0.030]),  # a's steps at 15 and 20 ms come between
         request("c", 0.040, [0.050]),  # nothing in flight
     ]
-    steps = steps_mod.rebuild_steps(runs, GAP_S, MERGE_S)
+    steps = client_steps(runs, GAP_S, MERGE_S)
     waits = steps_mod.busy_waits(runs, steps)
     assert waits["requests"] == 1
     assert waits["median_steps_before_first_token"] == 2
