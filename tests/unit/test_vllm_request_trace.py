@@ -1,0 +1,160 @@
+"""What benchmarks/vllm_request_trace.py reads off a traced vLLM V1's events: each request's
+phases on the engine's clock, the step ends it waits through, and what a step pays for
+(docs/simulator.md, "The front end on the engine's own clock")."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+trace = _load("vllm_request_trace")
+Event = trace.Event
+
+
+def ev(t_ms: float, kind: str, *fields: object, process: str = "1") -> Any:
+    return Event(t_ms / 1e3, process, "MainThread", kind, tuple(str(f) for f in fields))
+
+
+def request(rid: str, sent_ms: float, chunks_ms: list[float], warmup: bool = False) -> dict:
+    return {
+        "request_id": rid,
+        "warmup": warmup,
+        "status": "ok",
+        "sent_s": sent_ms / 1e3,
+        "chunk_times_s": [t / 1e3 for t in chunks_ms],
+        "chunk_tokens": [1] * len(chunks_ms),
+    }
+
+
+def test_client_id_strips_the_servers_prefix_choice_and_engine_suffix() -> None:
+    known = {"g00003-planner", "g00003-worker-1"}
+    assert trace.client_id("cmpl-g00003-planner-0", known) == "g00003-planner"
+    assert trace.client_id("cmpl-g00003-planner-0-95ff1dc0", known) == "g00003-planner"
+    assert trace.client_id("cmpl-g00003-worker-1-0-0a1b2c3d", known) == "g00003-worker-1"
+    assert trace.client_id("cmpl-g00004-planner-0", known) is None
+
+
+# The client's sent_s 0 is engine time 101 ms: the offset is the quickest request's send to
+# `fe_in`, so its own HTTP phase is 0 by construction.
+OFFSET_MS = 101.0
+
+
+def busy_arrival_events() -> list[Any]:
+    """Request a is alone on the engine; b is sent during a's second step, its front end ends in
+    that step, and the busy loop puts it in the scheduler only after the step."""
+    return [
+        ev(101.0, "fe_in", "cmpl-a-0"),
+        ev(101.5, "fe_send", "cmpl-a-0-aaaaaaaa"),
+        ev(101.6, "ec_recv", "cmpl-a-0-aaaaaaaa", process="2"),
+        ev(101.7, "fe_sent", "cmpl-a-0-aaaaaaaa"),
+        ev(101.8, "ec_queued", "cmpl-a-0-aaaaaaaa", 0, 0, process="2"),
+        ev(102.0, "ec_sched", "0.101900", "cmpl-a-0-aaaaaaaa", 600, 1, process="2"),
+        ev(110.0, "ec_stepend", process="2"),
+        ev(110.5, "fe_out", "0.110", "cmpl-a-0-aaaaaaaa"),
+        ev(110.6, "fe_out_done", 1),
+        ev(110.1, "ec_sched", "0.110050", "", 1, 1, process="2"),
+        ev(122.0, "fe_in", "cmpl-b-0"),  # sent at 112 (client 11): 10 ms of HTTP on a busy core
+        ev(122.5, "fe_send", "cmpl-b-0-bbbbbbbb"),
+        ev(122.7, "ec_recv", "cmpl-b-0-bbbbbbbb", process="2"),
+        ev(122.9, "fe_sent", "cmpl-b-0-bbbbbbbb"),
+        ev(126.0, "ec_stepend", process="2"),
+        ev(126.5, "fe_out", "0.126", "cmpl-a-0-aaaaaaaa"),
+        ev(126.6, "fe_out_done", 1),
+        ev(126.05, "ec_queued", "cmpl-b-0-bbbbbbbb", 0, 1, process="2"),
+        ev(126.2, "ec_sched", "0.126100", "cmpl-b-0-bbbbbbbb", 601, 2, process="2"),
+        ev(140.0, "ec_stepend", process="2"),
+        ev(140.5, "fe_out", "0.140", "cmpl-a-0-aaaaaaaa,cmpl-b-0-bbbbbbbb"),
+        ev(140.8, "fe_out_done", 2),
+    ]
+
+
+def test_a_busy_arrival_waits_for_the_running_step_to_end() -> None:
+    events = sorted(busy_arrival_events(), key=lambda e: e.t)
+    requests = [request("a", 0.0, [15.0, 31.0, 45.0]), request("b", 11.0, [46.0])]
+    offset, marks = trace.request_marks(events, requests)
+    assert offset == pytest.approx(OFFSET_MS / 1e3)
+    b = marks["b"]
+    assert b["send"] == pytest.approx(0.112)
+    assert b["sched"] == pytest.approx(0.1261)
+    assert b["first_ts"] == pytest.approx(0.140)
+    steps = trace.steps_of(events)
+    assert [round(1e3 * s.start, 2) for s in steps] == [101.9, 110.05, 126.1]
+    assert steps[2].new == ("cmpl-b-0-bbbbbbbb",)
+    summary = trace.phase_summary(marks, requests, steps)
+    assert summary["busy"]["requests"] == 1 and summary["idle"]["requests"] == 1
+    busy = summary["busy"]
+    assert busy["http_ms"]["median"] == pytest.approx(10.0)
+    assert busy["step_end_ms"]["median"] == pytest.approx(126.05 - 122.7)
+    assert busy["queue_ms"]["median"] == pytest.approx(126.1 - 126.05)
+    assert busy["prefill_ms"]["median"] == pytest.approx(140.0 - 126.1)
+    assert busy["to_client_ms"]["median"] == pytest.approx(46.0 + OFFSET_MS - 140.5)
+    # the step running at its send (ends at 126) is the one it waits through
+    assert busy["step_ends_send_to_ec_queued"]["median"] == 1
+    assert busy["step_ends_fe_sent_to_ec_queued"]["median"] == 1
+    idle = summary["idle"]
+    assert idle["http_ms"]["median"] == pytest.approx(0.0)
+    assert idle["step_ends_send_to_ec_queued"]["median"] == 0
+
+
+def test_the_step_line_recovers_what_each_step_pays_for() -> None:
+    # durations built from known costs: 5 ms + 0.02 ms a token + 0.4 ms a request
+    # + 3 ms for each front end that starts in the step, nothing for admitting
+    steps, fe_in, t = [], [], 0.0
+    for k in range(40):
+        tokens, reqs, new, fe = 8 + 37 * (k % 5), 1 + k % 7, k % 3 == 0, k % 4 == 1
+        dur = (5.0 + 0.02 * tokens + 0.4 * reqs + 3.0 * fe) / 1e3
+        steps.append(trace.Step(t, t + dur, tokens, reqs, ("x",) if new else (), 0.0))
+        if fe:
+            fe_in.append(t + dur / 2)
+        t += dur
+    sends = [s.start + 1e-4 for s in steps[::6]]
+    line = trace.step_line(steps, fe_in, sends)
+    assert line is not None
+    assert line["base"] == pytest.approx(5.0, abs=1e-3)
+    assert line["per_fe_in"] == pytest.approx(3.0, abs=1e-3)
+    assert line["per_new_request"] == pytest.approx(0.0, abs=1e-3)
+    assert line["per_request"] == pytest.approx(0.4, abs=1e-3)
+    assert trace.step_line(steps[:5], fe_in, sends) is None
+
+
+def test_events_and_the_clock_come_from_every_process_log(tmp_path: Path) -> None:
+    (tmp_path / "11.log").write_text(
+        "5.000000\tMainThread\tclock\t1005.000000\n6.5\tMainThread\tfe_in\tcmpl-a-0\n"
+    )
+    (tmp_path / "12.log").write_text(
+        "5.100000\tMainThread\tclock\t1005.100000\n6.0\tThread-1\tec_recv\tcmpl-a-0-aaaaaaaa\n"
+    )
+    events = trace.read_events(tmp_path)
+    assert [e.kind for e in events] == ["clock", "clock", "ec_recv", "fe_in"]
+    assert events[2].process == "12" and events[2].thread == "Thread-1"
+    assert trace.unix_minus_monotonic(events) == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="clock"):
+        trace.unix_minus_monotonic(events[2:])
+
+
+def test_output_batches_price_each_output() -> None:
+    events = []
+    for k, n in enumerate([1, 4, 8, 2]):
+        t = 100.0 * k
+        ids = ",".join(f"cmpl-r{i}-0" for i in range(n))
+        events += [ev(t, "fe_out", t / 1e3, ids), ev(t + 0.3 + 0.1 * n, "fe_out_done", n)]
+    out = trace.output_batches(events)
+    assert out["batches"] == 4
+    assert out["ms_base"] == pytest.approx(0.3, abs=1e-6)
+    assert out["ms_per_output"] == pytest.approx(0.1, abs=1e-6)
