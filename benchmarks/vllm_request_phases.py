@@ -21,7 +21,8 @@ last scrape up to 3 s after) gives the run's means. What is left of the client's
 is the API server's work before the engine core holds the request, the wait for the step then
 running to end, and the path of the first token back to the client.
 
-The predicted side replays each run on the results folder's `sim_vs_real/platform.json` as the
+The predicted side replays each run on the results folder's `sim_vs_real/platform.json` (or
+`--platform`) as the
 `predict_run` rule does (benchmarks/sim_vs_real_slowdown.py, `predict_into`), recording when the
 simulated engine admits each request (its first `_allocate`) and the end of the step that gives
 its first token. A request is held by the scheduler at the first step start at or after it is
@@ -255,11 +256,16 @@ def main() -> None:
         "--prometheus", help="a Prometheus holding the runs' series (default: serve the TSDB)"
     )
     parser.add_argument("--tsdb", type=Path, help="default RESULTS/deployments/_prometheus/data")
+    parser.add_argument(
+        "--platform",
+        type=Path,
+        help="the predictions' platform (default RESULTS/sim_vs_real/platform.json)",
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = config_of(args)
-    platform = args.results / "sim_vs_real" / "platform.json"
+    platform = args.platform or args.results / "sim_vs_real" / "platform.json"
     runs = vllm_runs(args.results)
     if not runs:
         raise SystemExit(f"no vLLM V1 run under {args.results / 'runs'}")

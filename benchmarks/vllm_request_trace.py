@@ -32,6 +32,9 @@ duration on a least-squares line of the tokens it computed, the requests in it, 
 scheduled for the first time, the requests whose `fe_in` fell in it and the requests sent during
 it. A front end's work on the engine's core shows in the step it overlaps, not in the step that
 admits the request.
+
+And the send to the hand-off by a request's place in its burst (requests sent less than 5 ms
+after the one before): a front end that takes them in turn grows by a step a place.
 """
 
 from __future__ import annotations
@@ -255,6 +258,26 @@ def output_batches(events: Sequence[Event]) -> dict[str, Any]:
     }
 
 
+BURST_S = 0.005  # a request sent within this of the one before it is in the same burst
+
+
+def front_end_by_burst(marks: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """The send to the hand-off to the engine core (`fe_sent`), in ms, by a request's place in
+    its burst (0: alone or first; k: the k-th sent within BURST_S after another; 3 and more
+    pooled): count and median. A front end that takes requests in turn at a share of the core
+    grows by about the same step per place."""
+    sends = sorted((m["send"], cid) for cid, m in marks.items() if {"send", "fe_sent"} <= m.keys())
+    places: dict[int, list[float]] = {}
+    place = 0
+    for i, (t, cid) in enumerate(sends):
+        place = place + 1 if i and t - sends[i - 1][0] < BURST_S else 0
+        places.setdefault(min(place, 3), []).append(1e3 * (marks[cid]["fe_sent"] - t))
+    return {
+        str(k): {"requests": len(v), "median_ms": round(float(np.median(v)), 3)}
+        for k, v in sorted(places.items())
+    }
+
+
 def one_run(events: Sequence[Event], run_dir: Path, unix_offset: float) -> dict[str, Any]:
     """The phases, step line and output batches of the run in `run_dir` (its window's events)."""
     record = json.loads((run_dir / "run.json").read_text("utf-8"))
@@ -282,6 +305,7 @@ def one_run(events: Sequence[Event], run_dir: Path, unix_offset: float) -> dict[
         "step_line_ms": step_line(steps, fe_in, sends),
         "schedule_ms": _stats([s.schedule_s for s in steps], 1e3) if steps else None,
         "output_batches": output_batches(window),
+        "front_end_by_burst": front_end_by_burst(marks),
     }
 
 
@@ -325,6 +349,7 @@ def report(name: str, r: dict[str, Any]) -> None:
     if r["step_line_ms"]:
         print("  step (ms): " + ", ".join(f"{k} {v:g}" for k, v in r["step_line_ms"].items()))
     print("  process_outputs: " + json.dumps(r["output_batches"]))
+    print("  send to fe_sent by place in a burst: " + json.dumps(r["front_end_by_burst"]))
 
 
 if __name__ == "__main__":

@@ -158,3 +158,20 @@ def test_output_batches_price_each_output() -> None:
     assert out["batches"] == 4
     assert out["ms_base"] == pytest.approx(0.3, abs=1e-6)
     assert out["ms_per_output"] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_a_burst_is_counted_by_place() -> None:
+    # three sent 1 ms apart, then one alone; each in turn takes 8 ms more to reach the engine core
+    marks = {
+        "a": {"send": 0.000, "fe_sent": 0.008},
+        "b": {"send": 0.001, "fe_sent": 0.017},
+        "c": {"send": 0.002, "fe_sent": 0.026},
+        "d": {"send": 0.500, "fe_sent": 0.508},
+        "e": {"send": 0.900},  # never handed off: left out
+    }
+    out = trace.front_end_by_burst(marks)
+    assert out == {
+        "0": {"requests": 2, "median_ms": 8.0},
+        "1": {"requests": 1, "median_ms": 16.0},
+        "2": {"requests": 1, "median_ms": 24.0},
+    }
