@@ -266,6 +266,10 @@ def main() -> None:
     args = parser.parse_args()
     config = config_of(args)
     platform = args.platform or args.results / "sim_vs_real" / "platform.json"
+    if not platform.is_file():
+        raise SystemExit(
+            f"no platform file {platform}: run the comparison first, or pass --platform"
+        )
     runs = vllm_runs(args.results)
     if not runs:
         raise SystemExit(f"no vLLM V1 run under {args.results / 'runs'}")

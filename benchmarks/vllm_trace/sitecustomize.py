@@ -156,6 +156,9 @@ class _PatchingLoader(importlib.abc.Loader):
     def create_module(self, spec: Any) -> Any:
         return self.loader.create_module(spec)
 
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ...: the loader's own
+        return getattr(self.loader, name)
+
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
         try:
