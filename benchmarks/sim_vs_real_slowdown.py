@@ -4,7 +4,8 @@ engines").
 
     .venv/bin/python benchmarks/sim_vs_real_slowdown.py --results results \\
         --run defaults/vllm_v1/rate-3.00/rep1 [RUN ...] [--scale 0.9 1.0 1.1 1.2 1.3] \\
-        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+        [--passes PASSES_JSON] [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] \\
+        [--json OUT]
 
 Near an engine's capacity a run's batching depends on its step time: slower steps let more
 requests queue, so each step takes more of them, and there are fewer. This predicts the run with
@@ -15,8 +16,9 @@ factor longer). It prints each prediction's engine steps (`sim.iterations` of it
 count benchmarks/sim_vs_real_passes.py sets beside the real engine's own), TTFT p50 and p95 and
 X (requests over the window from the first send to the last token), under the real run's, and the
 slowdown whose prediction has the real run's X (linear interpolation between the scales; none
-where the real X lies outside the predicted range). The predictions go to a temporary folder;
-nothing under `--results` is written.
+where the real X lies outside the predicted range), the one with its TTFT p50 and, with
+`--passes` (benchmarks/sim_vs_real_passes.py's JSON), the one with the engine's own step
+count. The predictions go to a temporary folder; nothing under `--results` is written.
 """
 
 from __future__ import annotations
@@ -56,13 +58,20 @@ def summary(requests_path: Path) -> dict[str, float]:
     }
 
 
-def x_matching_slowdown(real_x: float, rows: list[dict[str, Any]]) -> float | None:
+def matching_slowdown(real: float, rows: list[dict[str, Any]], key: str) -> float | None:
+    """The slowdown whose prediction has the real run's `key` (steps, ttft_p50_s, x_rps): linear
+    interpolation between the scales, None where the real value lies outside the predicted
+    range."""
     scales = np.array([r["scale"] for r in rows])
-    xs = np.array([r["x_rps"] for r in rows])
-    order = np.argsort(xs)
-    if not xs.min() <= real_x <= xs.max():
+    values = np.array([r[key] for r in rows], dtype=float)
+    order = np.argsort(values)
+    if not values.min() <= real <= values.max():
         return None
-    return round(float(np.interp(real_x, xs[order], scales[order])), 3)
+    return round(float(np.interp(real, values[order], scales[order])), 3)
+
+
+def x_matching_slowdown(real_x: float, rows: list[dict[str, Any]]) -> float | None:
+    return matching_slowdown(real_x, rows, "x_rps")
 
 
 SIM_VS_REAL_CONFIGFILES = ["config/cpu-pair.yaml", "config/sim-vs-real.yaml"]
@@ -110,9 +119,14 @@ def predict_into(
 
 
 def predict_scaled(
-    run: str, results: Path, config: dict[str, Any], scales: list[float]
+    run: str,
+    results: Path,
+    config: dict[str, Any],
+    scales: list[float],
+    engine_steps: int | None = None,
 ) -> dict[str, Any]:
-    """The real run's summary and its prediction at each slowdown."""
+    """The real run's summary and its prediction at each slowdown; with `engine_steps` (the real
+    engine's own count of its passes) also the slowdown that gives it."""
     platform = json.loads((results / "sim_vs_real" / "platform.json").read_text("utf-8"))
     real = summary(results / "runs" / run / "requests.parquet")
     rows: list[dict[str, Any]] = []
@@ -133,6 +147,11 @@ def predict_scaled(
         "real": real,
         "predicted": rows,
         "x_matching_slowdown": x_matching_slowdown(real["x_rps"], rows),
+        "ttft_p50_matching_slowdown": matching_slowdown(real["ttft_p50_s"], rows, "ttft_p50_s"),
+        "engine_steps": engine_steps,
+        "steps_matching_slowdown": (
+            matching_slowdown(engine_steps, rows, "steps") if engine_steps is not None else None
+        ),
     }
 
 
@@ -143,18 +162,32 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--run", nargs="+", required=True, help="ARM/ENGINE/CONDITION/REP ...")
     parser.add_argument("--scale", type=float, nargs="+", default=[0.9, 1.0, 1.1, 1.2, 1.3])
+    parser.add_argument(
+        "--passes",
+        type=Path,
+        help="benchmarks/sim_vs_real_passes.py's JSON of the same results: the engine's own steps",
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = config_of(args)
+    engine_steps = (
+        {r["run_id"]: int(r["real_passes"]) for r in json.loads(args.passes.read_text("utf-8"))}
+        if args.passes
+        else {}
+    )
     runs = []
     for run in args.run:
-        result = predict_scaled(run, args.results, config, args.scale)
+        result = predict_scaled(run, args.results, config, args.scale, engine_steps.get(run))
         runs.append(result)
         print(f"{run}\n  real     {result['real']}")
         for row in result["predicted"]:
             print(f"  x{row['scale']:<6} {row}")
-        print(f"  the slowdown with the real X: {result['x_matching_slowdown']}")
+        print(
+            f"  the slowdown with the real X: {result['x_matching_slowdown']}; "
+            f"TTFT p50: {result['ttft_p50_matching_slowdown']}; "
+            f"the engine's steps ({result['engine_steps']}): {result['steps_matching_slowdown']}"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps({"runs": runs}, indent=1) + "\n", encoding="utf-8")
     return 0
