@@ -11,8 +11,9 @@ Near an engine's capacity a run's batching depends on its step time: slower step
 requests queue, so each step takes more of them, and there are fewer. This predicts the run with
 `servelab.sim.cpu_fit.predict_run` on `prediction_settings`, as the `predict_run` rule does
 (from the same config files), on the results folder's `sim_vs_real/platform.json` with
-every coefficient multiplied by each `--scale` (`StepCost.with_slowdown`: every pass takes that
-factor longer). It prints each prediction's engine steps (`sim.iterations` of its run.json: the
+each engine's linear step-cost coefficients multiplied by each `--scale` (`slowed_by`: every
+pass, and V1's front end, takes that factor longer; the after-idle term's constants stay the
+platform's). It prints each prediction's engine steps (`sim.iterations` of its run.json: the
 count benchmarks/sim_vs_real_passes.py sets beside the real engine's own), TTFT p50 and p95 and
 X (requests over the window from the first send to the last token), under the real run's, and the
 slowdown whose prediction has the real run's X (linear interpolation between the scales; none
@@ -24,6 +25,7 @@ count. The predictions go to a temporary folder; nothing under `--results` is wr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -35,7 +37,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from servelab.grid.config import load_config
-from servelab.sim.cpu_fit import predict_run, prediction_settings
+from servelab.sim.cpu_fit import predict_run, prediction_settings, read_step_costs
+from servelab.sim.cpu_platform import StepCost
 
 
 def summary(requests_path: Path) -> dict[str, float]:
@@ -118,6 +121,13 @@ def predict_into(
     )
 
 
+def slowed_by(cost: StepCost, scale: float) -> StepCost:
+    """`cost` with every linear coefficient times `scale` (a pass takes that factor longer; the
+    after-idle term's constants stay). Not `StepCost.with_slowdown`: the engine model sets that
+    from the run's own platform (`servelab.sim.run.build_engine`)."""
+    return dataclasses.replace(cost, **{k: v * scale for k, v in cost.coefficients().items()})
+
+
 def predict_scaled(
     run: str,
     results: Path,
@@ -127,18 +137,16 @@ def predict_scaled(
 ) -> dict[str, Any]:
     """The real run's summary and its prediction at each slowdown; with `engine_steps` (the real
     engine's own count of its passes) also the slowdown that gives it."""
-    platform = json.loads((results / "sim_vs_real" / "platform.json").read_text("utf-8"))
+    platform = results / "sim_vs_real" / "platform.json"
+    costs = read_step_costs(platform)
     real = summary(results / "runs" / run / "requests.parquet")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="servelab-slowdown-") as tmp:
         for scale in scales:
-            scaled = json.loads(json.dumps(platform))
-            for entry in scaled["engines"].values():
-                entry["step_cost"] = {k: v * scale for k, v in entry["step_cost"].items()}
             out = Path(tmp) / f"x{scale}"
             out.mkdir()
-            (out / "platform.json").write_text(json.dumps(scaled), encoding="utf-8")
-            predict_into(results, config, run, out / "platform.json", out)
+            slowed = {engine: slowed_by(cost, scale) for engine, cost in costs.items()}
+            predict_into(results, config, run, platform, out, step_costs=slowed)
             record = json.loads((out / "run.json").read_text(encoding="utf-8"))
             rows.append({"scale": scale, "steps": record["sim"]["iterations"]})
             rows[-1].update(summary(out / "requests.parquet"))

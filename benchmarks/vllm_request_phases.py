@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
 
+from servelab.analysis.reduce import reduce_requests
 from servelab.deploy.processes import free_port
 from servelab.sim import vllm as sim_vllm
 
@@ -63,18 +64,14 @@ HISTOGRAMS = {
 AFTER_END_S = 3.0  # the window's closing scrape (1 s interval) is in by then
 
 
-def first_token_s(row: dict[str, Any]) -> float | None:
-    """The client's TTFT: to the first chunk that carries a token, as the analysis measures it."""
-    for t, n in zip(row["chunk_times_s"] or [], row["chunk_tokens"] or [], strict=False):
-        if n > 0:
-            return float(t) - float(row["sent_s"])
-    return None
-
-
-def client_ttfts(requests_path: Path) -> list[float]:
-    rows = pq.read_table(requests_path).to_pylist()
-    out = [first_token_s(r) for r in rows if not r["warmup"] and r["status"] == "ok"]
-    return [t for t in out if t is not None]
+def client_ttfts(requests_path: Path) -> dict[str, float]:
+    """request id -> the client's TTFT (the analysis's: `servelab.analysis.reduce`) of every ok
+    trace request with an output chunk."""
+    table = pq.read_table(requests_path)
+    metrics = reduce_requests(table, str(requests_path))
+    ids = table.column("request_id").to_pylist()
+    keep = ~metrics.warmup & metrics.ok & (metrics.n_chunks > 0)
+    return {ids[i]: float(metrics.ttft[i]) for i in np.flatnonzero(keep)}
 
 
 def histogram_means(query: Any, start_unix_s: float, end_unix_s: float) -> dict[str, float | None]:
@@ -194,12 +191,9 @@ def predicted_means(
     the engine's definitions, and its client TTFT mean."""
     step_starts = np.array(sorted(starts))
     queue, prefill, ttft = [], [], []
-    for row in pq.read_table(requests_path).to_pylist():
-        if row["warmup"] or row["status"] != "ok":
-            continue
-        m = marks.get(row["request_id"], {})
-        first = first_token_s(row)
-        if first is None or not {"admit", "ready", "first_ts"} <= m.keys():
+    for rid, first in client_ttfts(requests_path).items():
+        m = marks.get(rid, {})
+        if not {"admit", "ready", "first_ts"} <= m.keys():
             continue
         i = int(np.searchsorted(step_starts, m["ready"] - 1e-12))
         held = min(float(step_starts[i]) if i < len(step_starts) else m["admit"], m["admit"])
@@ -282,7 +276,7 @@ def main() -> None:
         for run_dir in runs:
             record = json.loads((run_dir / "run.json").read_text("utf-8"))
             real = histogram_means(query, record["start_unix_s"], record["end_unix_s"])
-            ttfts = client_ttfts(run_dir / "requests.parquet")
+            ttfts = list(client_ttfts(run_dir / "requests.parquet").values())
             real["ttft_client"] = float(np.mean(ttfts)) if ttfts else None
             name = str(run_dir.relative_to(args.results / "runs"))
             with recording_admissions() as (marks, starts), tempfile.TemporaryDirectory() as tmp:

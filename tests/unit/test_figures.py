@@ -4,28 +4,18 @@ outside a row's tolerance fails the check."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("figures", REPO / "benchmarks" / "figures.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules["figures"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-figures = _load()
+figures = load_benchmark("figures")
 REGISTRY = figures.parse_registry((REPO / "docs" / "benchmarks" / "figures.md").read_text())
 
 UNIT = r"(?:ms|µs|us|s|min|minutes?|seconds?|h|hours?|MB|GB|GiB|KB|%|req/s|requests/s|GPU-hours)"

@@ -240,39 +240,44 @@ def test_the_files_are_byte_identical_on_rerun(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "a" / "sim_vs_real.json").read_text())["keeps_pace"] == 0.97
 
 
+def streams_table(tmp_path: Path, streams: dict[str, list[float]]) -> pa.Table:
+    """A run's requests.parquet (read back) whose requests got one token at each of their times."""
+    rows = [
+        {
+            "run_id": "r",
+            "request_id": rid,
+            "graph_id": 1,
+            "role": "worker",
+            "warmup": False,
+            "scheduled_s": 0.0,
+            "sent_s": 0.0,
+            "written_s": 0.0,
+            "chunk_times_s": times,
+            "chunk_tokens": [1] * len(times),
+            "prompt_tokens": 10,
+            "output_tokens": len(times),
+            "max_tokens": 10,
+            "status": "ok",
+            "error": None,
+        }
+        for rid, times in streams.items()
+    ]
+    path = tmp_path / "requests.parquet"
+    write_parquet(path, pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA)
+    return pq.read_table(path)
+
+
 def test_iterations_are_read_from_when_the_tokens_reached_the_client(tmp_path: Path) -> None:
     from servelab.analysis.sim_vs_real import iteration_profile, iterations
 
     # three requests decoding together every 10 ms (their tokens 0.1 ms apart), then one alone
     # every 4 ms
-    rows = []
+    streams = {}
     for k in range(3):
         together = [0.010 * i + 0.0001 * k for i in range(5)]
         alone = [0.05 + 0.004 * i for i in range(4)] if k == 0 else []
-        times = together + alone
-        rows.append(
-            {
-                "run_id": "r",
-                "request_id": f"r{k}",
-                "graph_id": 1,
-                "role": "worker",
-                "warmup": False,
-                "scheduled_s": 0.0,
-                "sent_s": 0.0,
-                "written_s": 0.0,
-                "chunk_times_s": times,
-                "chunk_tokens": [1] * len(times),
-                "prompt_tokens": 10,
-                "output_tokens": len(times),
-                "max_tokens": 10,
-                "status": "ok",
-                "error": None,
-            }
-        )
-    write_parquet(
-        tmp_path / "requests.parquet", pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA
-    )
-    table = pq.read_table(tmp_path / "requests.parquet")
+        streams[f"r{k}"] = together + alone
+    table = streams_table(tmp_path, streams)
     starts, tokens = iterations(table)
     assert tokens.tolist() == [3, 3, 3, 3, 3, 1, 1, 1, 1]
     assert starts[:2] == pytest.approx([0.0, 0.010])
@@ -287,31 +292,7 @@ def test_a_step_written_slot_by_slot_is_one_iteration(tmp_path: Path) -> None:
     are one iteration a pass (cutting at every gap over 0.5 ms made four)."""
     from servelab.analysis.sim_vs_real import iterations
 
-    rows = []
-    for k in range(4):
-        times = [0.010 * i + 0.0006 * k for i in range(6)]
-        rows.append(
-            {
-                "run_id": "r",
-                "request_id": f"slot{k}",
-                "graph_id": 1,
-                "role": "worker",
-                "warmup": False,
-                "scheduled_s": 0.0,
-                "sent_s": 0.0,
-                "written_s": 0.0,
-                "chunk_times_s": times,
-                "chunk_tokens": [1] * len(times),
-                "prompt_tokens": 10,
-                "output_tokens": len(times),
-                "max_tokens": 10,
-                "status": "ok",
-                "error": None,
-            }
-        )
-    write_parquet(
-        tmp_path / "requests.parquet", pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA
-    )
-    starts, tokens = iterations(pq.read_table(tmp_path / "requests.parquet"))
+    streams = {f"slot{k}": [0.010 * i + 0.0006 * k for i in range(6)] for k in range(4)}
+    starts, tokens = iterations(streams_table(tmp_path, streams))
     assert tokens.tolist() == [4] * 6
     assert starts == pytest.approx([0.010 * i for i in range(6)])

@@ -3,28 +3,10 @@ that gives a real run's value (its X, TTFT p50 or the engine's own step count)."
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
+from benchmark_modules import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load() -> Any:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    path = REPO / "benchmarks" / "sim_vs_real_slowdown.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_real_slowdown", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sim_vs_real_slowdown"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-slowdown = _load()
+slowdown = load_benchmark("sim_vs_real_slowdown")
 # near saturation a slower platform takes fewer, fuller steps and gives a longer TTFT
 ROWS = [
     {"scale": 0.9, "steps": 1219, "ttft_p50_s": 0.048, "x_rps": 33.4},
@@ -42,3 +24,29 @@ def test_the_slowdown_that_gives_a_real_value_is_interpolated() -> None:
 def test_a_real_value_outside_the_predictions_has_no_slowdown() -> None:
     assert slowdown.matching_slowdown(1300, ROWS, "steps") is None
     assert slowdown.matching_slowdown(0.03, ROWS, "ttft_p50_s") is None
+
+
+def test_a_slowed_platform_scales_its_passes_not_its_after_idle_term() -> None:
+    from servelab.sim.cpu_platform import StepCost
+
+    cost = StepCost.from_mapping(
+        "vllm_v1",
+        {
+            "step_s": 0.004,
+            "per_admitted_s": 0.005,
+            "per_sampled_s": 0.0002,
+            "per_token_s": 1e-5,
+            "per_attn_pair_s": 1e-9,
+            "per_kv_token_s": 1e-7,
+            "idle_gain": 0.2,
+            "idle_rise_s": 0.15,
+            "idle_decay_s": 0.009,
+        },
+        "test",
+    )
+    slowed = slowdown.slowed_by(cost, 1.1)
+    assert slowed.step_s == pytest.approx(0.0044)
+    assert slowed.front_end_s == pytest.approx(0.0055)
+    assert slowed.after_idle() == cost.after_idle()
+    features = dict(tokens=10, seqs=2, sampled=2, attn_pairs=0.0, kv_tokens=100.0, cuda_graph=False)
+    assert slowed.iteration_time(**features) == pytest.approx(1.1 * cost.iteration_time(**features))

@@ -4,30 +4,15 @@ off them (docs/simulator.md, "The front end's work, step by step")."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from benchmark_modules import load_benchmark
 
 from servelab.analysis.sim_vs_real import ClientStep, client_steps
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load() -> Any:
-    path = REPO / "benchmarks" / "sim_vs_real_steps.py"
-    spec = importlib.util.spec_from_file_location("sim_vs_real_steps", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sim_vs_real_steps"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-steps_mod = _load()
+steps_mod = load_benchmark("sim_vs_real_steps")
 GAP_S, MERGE_S = 0.002, 0.010
 
 

@@ -4,33 +4,19 @@ prefill histograms over its window, and the same split recorded from the simulat
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from benchmark_modules import load_benchmark
 
+from servelab.artifacts import REQUESTS_SCHEMA, write_parquet
 from servelab.sim import vllm as sim_vllm
 from servelab.sim.testing import drive, small_vllm
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> Any:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-phases = _load("vllm_request_phases")
+phases = load_benchmark("vllm_request_phases")
 
 
 def test_a_windows_means_are_the_increase_of_sum_over_count() -> None:
@@ -73,38 +59,35 @@ def test_recording_admissions_sees_a_busy_arrival_admitted_at_the_next_step() ->
 
 
 def test_predicted_means_use_the_engines_definitions(tmp_path: Path) -> None:
-    rows = [
-        {
-            "request_id": "a",
-            "warmup": False,
+    def row(rid: str, sent_s: float, first_s: float, warmup: bool = False) -> dict[str, Any]:
+        return {
+            "run_id": "r",
+            "request_id": rid,
+            "graph_id": -1 if warmup else 1,
+            "role": "warmup" if warmup else "worker",
+            "warmup": warmup,
+            "scheduled_s": sent_s,
+            "sent_s": sent_s,
+            "written_s": sent_s,
+            "chunk_times_s": [first_s, first_s + 0.01],
+            "chunk_tokens": [1, 1],
+            "prompt_tokens": 10,
+            "output_tokens": 2,
+            "max_tokens": 2,
             "status": "ok",
-            "sent_s": 0.0,
-            "chunk_times_s": [0.030],
-            "chunk_tokens": [1],
-        },
-        {
-            "request_id": "b",
-            "warmup": False,
-            "status": "ok",
-            "sent_s": 0.005,
-            "chunk_times_s": [0.080],
-            "chunk_tokens": [1],
-        },
-        {
-            "request_id": "w",
-            "warmup": True,
-            "status": "ok",
-            "sent_s": 0.0,
-            "chunk_times_s": [0.010],
-            "chunk_tokens": [1],
-        },
-    ]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "requests.parquet")
+            "error": None,
+        }
+
+    rows = [row("a", 0.0, 0.030), row("b", 0.005, 0.080), row("w", 0.0, 0.010, warmup=True)]
+    write_parquet(
+        tmp_path / "requests.parquet", pa.Table.from_pylist(rows, REQUESTS_SCHEMA), REQUESTS_SCHEMA
+    )
     starts = [0.0, 0.020, 0.040, 0.060]
     marks = {
         "a": {"ready": 0.0, "admit": 0.0, "first_ts": 0.020},
         # ready at 15 ms: held from the step at 20 ms, admitted at 40 ms
         "b": {"ready": 0.015, "admit": 0.040, "first_ts": 0.060},
+        "w": {"ready": 0.0, "admit": 0.0, "first_ts": 0.005},  # a warm-up: not in the means
     }
     out = phases.predicted_means(marks, starts, tmp_path / "requests.parquet")
     assert out["requests"] == 2

@@ -4,26 +4,13 @@ phases on the engine's clock, the step ends it waits through, and what a step pa
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmark_modules import load_benchmark
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-trace = _load("vllm_request_trace")
+trace = load_benchmark("vllm_request_trace")
 Event = trace.Event
 
 
