@@ -35,20 +35,34 @@ admits the request.
 
 And the send to the hand-off by a request's place in its burst (requests sent less than 5 ms
 after the one before): a front end that takes them in turn grows by a step a place.
+
+With `--platform` (a CPU platform file, `results/sim_vs_real/platform.json`) and a log whose
+steps carry their batch (the hook logs each request's tokens and context), every step that ran
+back to back is priced at the floor's fitted step cost on its own features, as the simulated V1
+prices a pass: the cost model alone, on the engine's real steps, apart from the scheduling. The
+cycle (a step's start to the next one's) over that price: for all steps; for decode steps by
+their batch and prefill steps by the waiting queue (neither after an idle nor with a request's
+front end on the core); for decode steps after one that finished a request; for the steps with
+front-end work and those after an idle; and the cycle less the price on a least-squares line of
+what the price has no term for (`step_cost_summary`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+
+from servelab.sim.cpu_fit import read_step_costs
+from servelab.sim.cpu_platform import StepCost
 
 PHASES = (
     ("http", "send", "fe_in"),
@@ -73,6 +87,16 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Scheduled:
+    """One request's part of a step: `tokens` scheduled after `context` computed ones."""
+
+    rid: str
+    tokens: int
+    context: int
+    prompt: int
+
+
+@dataclass(frozen=True)
 class Step:
     start: float  # Scheduler.schedule entered
     end: float  # Scheduler.update_from_output returned
@@ -80,6 +104,10 @@ class Step:
     requests: int
     new: tuple[str, ...]  # requests scheduled for the first time (engine ids)
     schedule_s: float  # Scheduler.schedule's own time
+    # the scheduler's queues after scheduling, and the batch (-1 and (): a log without them)
+    waiting: int = -1
+    running: int = -1
+    batch: tuple[Scheduled, ...] = ()
 
 
 def read_events(trace_dir: Path) -> list[Event]:
@@ -115,17 +143,29 @@ def client_id(engine_id: str, known: set[str] | dict[str, Any]) -> str | None:
 def steps_of(events: Sequence[Event]) -> list[Step]:
     """The engine core's steps: each `ec_sched` closed by the next `ec_stepend`."""
     steps: list[Step] = []
-    open_step: tuple[float, int, int, tuple[str, ...], float] | None = None
+    open_step: dict[str, Any] | None = None
     for e in events:
         if e.kind == "ec_sched":
-            new = tuple(x for x in e.fields[1].split(",") if x)
             start = float(e.fields[0])
-            open_step = (start, int(e.fields[2]), int(e.fields[3]), new, e.t - start)
+            open_step = {
+                "start": start,
+                "tokens": int(e.fields[2]),
+                "requests": int(e.fields[3]),
+                "new": tuple(x for x in e.fields[1].split(",") if x),
+                "schedule_s": e.t - start,
+            }
+            if len(e.fields) >= 7:  # the hook's queues and batch
+                open_step["waiting"], open_step["running"] = int(e.fields[4]), int(e.fields[5])
+                open_step["batch"] = tuple(_scheduled(x) for x in e.fields[6].split(",") if x)
         elif e.kind == "ec_stepend" and open_step is not None:
-            start, tokens, requests, new, schedule_s = open_step
-            steps.append(Step(start, e.t, tokens, requests, new, schedule_s))
+            steps.append(Step(end=e.t, **open_step))
             open_step = None
     return steps
+
+
+def _scheduled(entry: str) -> Scheduled:
+    rid, tokens, context, prompt = entry.rsplit(":", 3)
+    return Scheduled(rid, int(tokens), int(context), int(prompt))
 
 
 def request_marks(
@@ -258,6 +298,190 @@ def output_batches(events: Sequence[Event]) -> dict[str, Any]:
     }
 
 
+# A step whose next one starts within this of its end ran back to back: its cycle (its start to
+# the next one's) is the engine's time for it, loop overhead included, as the floor's fit has it.
+# Otherwise the engine idled or waited for input after it (the gaps between busy steps are about
+# 0.1 ms).
+BACK_TO_BACK_S = 0.0005
+# A step overlapping at least this share of a request's front end (its send to the hand-off to
+# the engine core) has front-end work on its core; below, it is a clean step.
+FRONT_END_SHARE = 0.05
+RESIDUAL_TERMS = (
+    "base",
+    "per_front_end",
+    "per_admitted",
+    "per_finished",
+    "per_waiting",
+    "per_request",
+    "per_kkv",
+)
+
+
+def step_features(step: Step) -> dict[str, float]:
+    """A traced step's features as servelab.sim.vllm prices a pass (`_run_mixed`): every
+    scheduled token computed, every request sampled (V1 samples a partial prefill too),
+    attention pairs for the prefill chunks (a query token per pair with the context before it and
+    the chunk's own earlier tokens), KV entries read or written (the context and the step's
+    tokens), and the requests scheduled for the first time."""
+    pairs = 0.0
+    for r in step.batch:
+        if r.context < r.prompt:  # a prefill chunk; a decode's attention is in its KV read
+            pairs += r.tokens * r.context + r.tokens * (r.tokens + 1) / 2
+    return {
+        "tokens": float(sum(r.tokens for r in step.batch)),
+        "seqs": float(len(step.batch)),
+        "sampled": float(len(step.batch)),
+        "attn_pairs": pairs,
+        "kv_tokens": float(sum(r.context + r.tokens for r in step.batch)),
+        "admitted": float(len(step.new)),
+    }
+
+
+def price_of(features: Mapping[str, float], cost: StepCost) -> float:
+    """A step's price: `cost`'s linear model on `step_features` (no after-idle term)."""
+    return cost.iteration_time(
+        tokens=int(features["tokens"]),
+        seqs=int(features["seqs"]),
+        sampled=int(features["sampled"]),
+        attn_pairs=features["attn_pairs"],
+        kv_tokens=features["kv_tokens"],
+        cuda_graph=False,
+        admitted=int(features["admitted"]),
+    )
+
+
+def priced_steps(
+    steps: Sequence[Step], cost: StepCost, front_ends: Sequence[tuple[float, float]]
+) -> list[dict[str, Any]]:
+    """Each back-to-back step of a traced run beside the price `cost` (a StepCost: the floor's
+    fit) gives its features: the cycle and the price in seconds, whether it follows an idle or
+    input wait, and what the price has no term for: the share of requests' front ends (`front_ends`,
+    each (send, hand-off)) on the core during it, and the scheduler's waiting queue."""
+    rows = []
+    for i, step in enumerate(steps[:-1]):
+        after = steps[i + 1]
+        if not step.batch or after.start - step.end > BACK_TO_BACK_S:
+            continue
+        features = step_features(step)
+        price = price_of(features, cost)
+        share = sum(
+            max(0.0, min(b, after.start) - max(a, step.start)) / (b - a)
+            for a, b in front_ends
+            if b > a and a < after.start and b > step.start
+        )
+        # requests of the step before that this one no longer has: finished (V1 preempts only
+        # when the KV cache is full), their streams closed by the API server on the same core
+        finished = (
+            len({r.rid for r in steps[i - 1].batch} - {r.rid for r in step.batch}) if i else 0
+        )
+        rows.append(
+            {
+                "cycle_s": after.start - step.start,
+                "price_s": price,
+                # the price's charge for the requests it admits: the simulated V1 charges a
+                # request's front end to the step that admits it (servelab.sim.vllm)
+                "admission_s": cost.front_end_s * features["admitted"],
+                "after_idle": i == 0 or step.start - steps[i - 1].end > BACK_TO_BACK_S,
+                "prefill": features["attn_pairs"] > 0,
+                "front_end_share": share,
+                "finished_before": finished,
+                "waiting": step.waiting,
+                **features,
+            }
+        )
+    return rows
+
+
+def window_totals(steps: Sequence[Step], cost: StepCost) -> dict[str, Any]:
+    """The steps of a run's window that scheduled work: their count, the sum of their durations
+    and of their prices (the linear model, no after-idle term); and apart, the steps that
+    scheduled nothing. Σ price over the simulated run's own passes priced the
+    same way (benchmarks/sim_vs_real_repeats.py's predicted engine seconds) sets the engine's
+    batching against the simulated scheduler's, free of the machine's speed."""
+    working = [s for s in steps if s.batch]
+    empty = [s for s in steps if not s.batch]  # a schedule of nothing: no pass to price
+    return {
+        "steps": len(working),
+        "step_seconds": round(sum(s.end - s.start for s in working), 4),
+        "price_seconds": round(sum(price_of(step_features(s), cost) for s in working), 4),
+        "empty_steps": len(empty),
+        "empty_step_seconds": round(sum(s.end - s.start for s in empty), 4),
+    }
+
+
+def _ratio(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"steps": 0}
+    cycle = np.array([r["cycle_s"] for r in rows])
+    price = np.array([r["price_s"] for r in rows])
+    return {
+        "steps": len(rows),
+        "median": round(float(np.median(cycle / price)), 4),
+        "total": round(float(cycle.sum() / price.sum()), 4),
+        "median_cycle_ms": round(1e3 * float(np.median(cycle)), 3),
+    }
+
+
+def _bins(
+    rows: Sequence[Mapping[str, Any]], key: Any, edges: Sequence[tuple[str, float, float]]
+) -> dict[str, Any]:
+    return {name: _ratio([r for r in rows if lo <= key(r) < hi]) for name, lo, hi in edges}
+
+
+def step_cost_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The cycles over the floor's prices, by kind of step. Steps after an idle, and steps with a
+    request's front end on the core, are apart; of the rest:
+    - `decode`: decode only, nothing admitted, no request finished in the step before; also by
+      the requests in the step; and `decode_after_finish`, the same steps after one that
+      finished a request, whose stream the API server closes on the same core;
+    - `prefill`: with a prefill chunk, priced without the admission charge (the model charges a
+      request's front end to the step that admits it, which the engine does not pay there); also
+      by the scheduler's waiting queue after scheduling (V1 leaves a request waiting only while
+      the step's token budget is full, so a decode-only step never has one).
+    And the least squares of cycle − price (ms) on RESIDUAL_TERMS over the steps not after an
+    idle (`per_kkv`: per thousand KV entries)."""
+    warm = [r for r in rows if not r["after_idle"]]
+    quiet = [r for r in warm if r["front_end_share"] < FRONT_END_SHARE]
+    decode_all = [r for r in quiet if not r["prefill"] and not r["admitted"]]
+    decode = [r for r in decode_all if not r["finished_before"]]
+    prefill = [{**r, "price_s": r["price_s"] - r["admission_s"]} for r in quiet if r["prefill"]]
+    out: dict[str, Any] = {
+        "all": _ratio(rows),
+        "after_idle": _ratio([r for r in rows if r["after_idle"]]),
+        "front_end": _ratio([r for r in warm if r["front_end_share"] >= FRONT_END_SHARE]),
+        "decode": _ratio(decode),
+        "decode_after_finish": _ratio([r for r in decode_all if r["finished_before"]]),
+        "decode_by_requests": _bins(
+            decode, lambda r: r["seqs"], [("1-2", 1, 3), ("3-5", 3, 6), ("6+", 6, math.inf)]
+        ),
+        "prefill": _ratio(prefill),
+        "prefill_by_waiting": _bins(
+            prefill, lambda r: r["waiting"], [("0", 0, 1), ("1-9", 1, 10), ("10+", 10, math.inf)]
+        ),
+    }
+    if len(warm) >= 4 * len(RESIDUAL_TERMS):
+        x = np.array(
+            [
+                [
+                    1.0,
+                    r["front_end_share"],
+                    r["admitted"],
+                    r["finished_before"],
+                    max(r["waiting"], 0),
+                    r["seqs"],
+                    r["kv_tokens"] / 1e3,
+                ]
+                for r in warm
+            ]
+        )
+        y = np.array([1e3 * (r["cycle_s"] - r["price_s"]) for r in warm])
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        out["residual_ms"] = {
+            k: round(float(c), 4) for k, c in zip(RESIDUAL_TERMS, coef, strict=True)
+        }
+    return out
+
+
 BURST_S = 0.005  # a request sent within this of the one before it is in the same burst
 
 
@@ -278,8 +502,11 @@ def front_end_by_burst(marks: dict[str, dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def one_run(events: Sequence[Event], run_dir: Path, unix_offset: float) -> dict[str, Any]:
-    """The phases, step line and output batches of the run in `run_dir` (its window's events)."""
+def one_run(
+    events: Sequence[Event], run_dir: Path, unix_offset: float, cost: StepCost | None = None
+) -> dict[str, Any]:
+    """The phases, step line and output batches of the run in `run_dir` (its window's events);
+    with `cost` (a StepCost) and a log with the steps' batches, its steps against their prices."""
     record = json.loads((run_dir / "run.json").read_text("utf-8"))
     lo = float(record["start_unix_s"]) - unix_offset - 1.0
     hi = float(record["end_unix_s"]) - unix_offset + 2.0
@@ -294,6 +521,16 @@ def one_run(events: Sequence[Event], run_dir: Path, unix_offset: float) -> dict[
     fe_in = [e.t for e in window if e.kind == "fe_in"]
     sends = [m["send"] for m in marks.values() if "send" in m]
     ends = np.array([s.end for s in steps])
+    priced = None
+    if cost is not None and any(s.batch for s in steps):
+        front_ends = [
+            (m["send"], m["fe_sent"]) for m in marks.values() if {"send", "fe_sent"} <= m.keys()
+        ]
+        priced = step_cost_summary(priced_steps(steps, cost, front_ends))
+        run_lo, run_hi = lo + 1.0, hi - 2.0  # the run's own window, without the margins
+        priced["run_window"] = window_totals(
+            [s for s in steps if run_lo <= s.start <= run_hi], cost
+        )
     return {
         "run": str(run_dir),
         "steps": len(steps),
@@ -306,6 +543,7 @@ def one_run(events: Sequence[Event], run_dir: Path, unix_offset: float) -> dict[
         "schedule_ms": _stats([s.schedule_s for s in steps], 1e3) if steps else None,
         "output_batches": output_batches(window),
         "front_end_by_burst": front_end_by_burst(marks),
+        "step_cost": priced,
     }
 
 
@@ -318,8 +556,14 @@ def main() -> None:
     parser.add_argument(
         "--run", action="append", required=True, help="ARM/ENGINE/CONDITION, every repetition"
     )
+    parser.add_argument(
+        "--platform",
+        type=Path,
+        help="a CPU platform (sim_vs_real/platform.json): price each step at its fitted step cost",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    costs = read_step_costs(args.platform) if args.platform else {}
     events = read_events(args.trace)
     unix_offset = unix_minus_monotonic(events)
     out: dict[str, Any] = {"trace": str(args.trace), "results": str(args.results), "runs": {}}
@@ -329,7 +573,12 @@ def main() -> None:
             raise SystemExit(f"--run {run}: no repetition under {args.results / 'runs' / run}")
         for rep in reps:
             name = f"{run}/{rep.name}"
-            result = one_run(events, rep, unix_offset)
+            engine = run.split("/")[1] if run.count("/") >= 2 else ""
+            if costs and engine not in costs:
+                raise SystemExit(
+                    f"--platform {args.platform}: no step cost of {engine} (--run {run})"
+                )
+            result = one_run(events, rep, unix_offset, costs.get(engine))
             out["runs"][name] = result
             report(name, result)
     if args.json:
@@ -350,6 +599,15 @@ def report(name: str, r: dict[str, Any]) -> None:
         print("  step (ms): " + ", ".join(f"{k} {v:g}" for k, v in r["step_line_ms"].items()))
     print("  process_outputs: " + json.dumps(r["output_batches"]))
     print("  send to fe_sent by place in a burst: " + json.dumps(r["front_end_by_burst"]))
+    priced = r.get("step_cost")
+    if priced:
+        for key in ("all", "decode", "decode_after_finish", "prefill", "front_end", "after_idle"):
+            print(f"  cycle / price, {key}: " + json.dumps(priced[key]))
+        for key in ("decode_by_requests", "prefill_by_waiting"):
+            cells = [f"{k} {v.get('median', '-')} ({v['steps']})" for k, v in priced[key].items()]
+            print(f"  {key}: " + ", ".join(cells))
+        if "residual_ms" in priced:
+            print("  cycle - price (ms): " + json.dumps(priced["residual_ms"]))
 
 
 if __name__ == "__main__":

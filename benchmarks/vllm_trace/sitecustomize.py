@@ -23,8 +23,10 @@ The events, and the functions they wrap (all at vLLM 0.32.0):
 - `ec_queued` (engine request id, waiting, running): the busy loop's main thread puts it in the
   scheduler (`Scheduler.add_request`, vllm/v1/core/sched/scheduler.py), from
   `EngineCoreProc._process_input_queue`, which runs only between steps (`run_busy_loop`);
-- `ec_sched` (start time, requests scheduled for the first time, tokens, requests): one
-  `Scheduler.schedule`, logged as it returns;
+- `ec_sched` (start time, requests scheduled for the first time, tokens, requests, waiting,
+  running, and per request `id:n:context:prompt`): one `Scheduler.schedule`, logged as it
+  returns. Its `_update_after_schedule` has advanced each request's `num_computed_tokens` by the
+  `n` tokens scheduled, so the context before the step is the difference;
 - `ec_stepend`: `Scheduler.update_from_output` returned (the step's outputs are made; their
   `EngineCoreOutputs.timestamp` is this moment);
 - `fe_out` (the outputs' engine timestamp, request ids), `fe_out_done` (outputs): the API
@@ -112,6 +114,20 @@ def _core(module: Any) -> None:
     cls.preprocess_add_request = preprocess_add_request
 
 
+def _batch_entries(scheduler: Any, scheduled: dict[str, int]) -> list[str]:
+    """`id:n:context:prompt` per request of a step: the tokens scheduled, the tokens computed
+    before them and the prompt's length. `Scheduler.schedule` has already advanced
+    `num_computed_tokens` by the step's tokens (`_update_after_schedule`)."""
+    entries = []
+    for rid, n in scheduled.items():
+        request = scheduler.requests.get(rid)
+        if request is None:
+            continue
+        context = request.num_computed_tokens - n
+        entries.append(f"{rid}:{n}:{context}:{request.num_prompt_tokens}")
+    return entries
+
+
 def _scheduler(module: Any) -> None:
     cls = module.Scheduler
     add, schedule, update = cls.add_request, cls.schedule, cls.update_from_output
@@ -125,7 +141,16 @@ def _scheduler(module: Any) -> None:
         out = schedule(self, *args, **kwargs)
         new = ",".join(r.req_id for r in out.scheduled_new_reqs)
         tokens, requests = out.total_num_scheduled_tokens, len(out.num_scheduled_tokens)
-        event("ec_sched", f"{start:.6f}", new, tokens, requests)
+        event(
+            "ec_sched",
+            f"{start:.6f}",
+            new,
+            tokens,
+            requests,
+            len(self.waiting),
+            len(self.running),
+            ",".join(_batch_entries(self, out.num_scheduled_tokens)),
+        )
         return out
 
     def update_from_output(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from benchmark_modules import load_benchmark
 
+from servelab.sim.cpu_platform import StepCost
+
 trace = load_benchmark("vllm_request_trace")
 Event = trace.Event
 
@@ -162,3 +164,151 @@ def test_a_burst_is_counted_by_place() -> None:
         "1": {"requests": 1, "median_ms": 16.0},
         "2": {"requests": 1, "median_ms": 24.0},
     }
+
+
+def test_the_hooks_batch_is_read_into_each_step() -> None:
+    events = [
+        ev(
+            1.0,
+            "ec_sched",
+            "0.000900",
+            "cmpl-b-0-bb",
+            257,
+            2,
+            3,
+            2,
+            "cmpl-a-0-aa:1:1100:1024,cmpl-b-0-bb:256:256:1024",
+        ),
+        ev(9.0, "ec_stepend"),
+        ev(9.1, "ec_sched", "0.009050", "", 1, 1),  # a log written before the hook had batches
+        ev(12.0, "ec_stepend"),
+    ]
+    first, second = trace.steps_of(events)
+    assert (first.waiting, first.running) == (3, 2)
+    assert first.batch == (
+        trace.Scheduled("cmpl-a-0-aa", 1, 1100, 1024),
+        trace.Scheduled("cmpl-b-0-bb", 256, 256, 1024),
+    )
+    assert (second.waiting, second.batch) == (-1, ())
+
+
+def test_a_step_is_featured_as_the_simulated_v1_prices_a_pass() -> None:
+    # a decode at 1,100 tokens of context, a second 256-token chunk of a 1,024-token prompt,
+    # and a new request's first chunk after a 512-token cached prefix
+    step = trace.Step(
+        0.0,
+        0.01,
+        513,
+        3,
+        ("cmpl-c-0-cc",),
+        0.0,
+        batch=(
+            trace.Scheduled("cmpl-a-0-aa", 1, 1100, 1024),
+            trace.Scheduled("cmpl-b-0-bb", 256, 256, 1024),
+            trace.Scheduled("cmpl-c-0-cc", 256, 512, 1024),
+        ),
+    )
+    f = trace.step_features(step)
+    assert f["tokens"] == 513 and f["sampled"] == 3 and f["admitted"] == 1
+    # the decode's attention is in its KV read, not in pairs
+    assert f["attn_pairs"] == 256 * 256 + 256 * 512 + 2 * 256 * 257 / 2
+    assert f["kv_tokens"] == 1101 + 512 + 768
+
+
+def stepped(durations_ms: list[float], gaps_ms: list[float], waiting: int = 0) -> list[Any]:
+    """Steps decoding request a, and b until step 2 (b finishes there)."""
+    steps, t = [], 0.0
+    for k, (dur, gap) in enumerate(zip(durations_ms, gaps_ms, strict=True)):
+        batch = (trace.Scheduled("a", 1, 1000 + k, 1024),)
+        if k <= 2:
+            batch += (trace.Scheduled("b", 1, 1100 + k, 1024),)
+        steps.append(trace.Step(t, t + dur / 1e3, 1, 1, (), 0.0, waiting, 1, batch))
+        t += (dur + gap) / 1e3
+    return steps
+
+
+def test_only_back_to_back_steps_are_priced_on_their_cycle() -> None:
+    cost = StepCost("vllm_v1", 0.004, 0.0, 0.0, 0.0, 1e-6, 0.0)  # 4 ms + 1 µs a KV entry
+    # steps 0-1 back to back; step 2 is followed by 30 ms of idle; step 3 follows that idle
+    steps = stepped([5.0, 6.0, 5.0, 7.0, 5.0], [0.1, 0.1, 30.0, 0.1, 0.1])
+    # a request's front end: 2 ms of its 4 in step 1's cycle
+    rows = trace.priced_steps(steps, cost, [(0.0092, 0.0132)])
+    assert len(rows) == 3  # step 2 ends in an idle, step 4 has no step after it
+    assert [round(1e3 * r["cycle_s"], 6) for r in rows] == [5.1, 6.1, 7.1]
+    kv = [1001 + 1101, 1002 + 1102, 1004]
+    assert [r["price_s"] for r in rows] == pytest.approx([0.004 + 1e-6 * n for n in kv])
+    assert [r["after_idle"] for r in rows] == [True, False, True]
+    assert [round(r["front_end_share"], 6) for r in rows] == [0.0, 0.5, 0.0]
+    # b left the batch after step 2: step 3 follows a finish
+    assert [r["finished_before"] for r in rows] == [0, 0, 1]
+
+
+def test_the_summary_finds_what_the_price_leaves_out() -> None:
+    # cycles built from the price less its admission charge, plus 4 ms a request's front end on
+    # the core, 1.2 ms a request finished in the step before and 0.05 ms a waiting request
+    cost = StepCost("vllm_v1", 0.004, 0.0, 0.0, 1e-8, 1e-6, 0.005)
+    rows = []
+    for k in range(60):
+        prefill = k % 2 == 1
+        waiting = (k * 7) % 23 if prefill else 0
+        share, admitted = 0.5 * (k % 3 == 0), float(prefill and k % 4 == 1)
+        finished = int(not prefill and k % 5 == 2)
+        features = {
+            "tokens": 256.0 if prefill else 1.0 + k % 4,
+            "seqs": 1.0 + k % 4,
+            "sampled": 1.0 + k % 4,
+            "attn_pairs": 256.0 * 600 if prefill else 0.0,
+            "kv_tokens": 900.0 + 40 * k,
+            "admitted": admitted,
+        }
+        price = cost.iteration_time(
+            **{
+                k: int(v) if k in ("tokens", "seqs", "sampled", "admitted") else v
+                for k, v in features.items()
+            },
+            cuda_graph=False,
+        )
+        admission = 0.005 * admitted
+        cycle = price - admission + 1e-3 * (4.0 * share + 1.2 * finished + 0.05 * waiting)
+        rows.append(
+            {
+                "cycle_s": cycle,
+                "price_s": price,
+                "admission_s": admission,
+                "after_idle": k == 0,
+                "prefill": prefill,
+                "front_end_share": share,
+                "finished_before": finished,
+                "waiting": waiting,
+                **features,
+            }
+        )
+    out = trace.step_cost_summary(rows)
+    residual = out["residual_ms"]
+    assert residual["per_front_end"] == pytest.approx(4.0, abs=1e-6)
+    assert residual["per_admitted"] == pytest.approx(-5.0, abs=1e-6)
+    assert residual["per_finished"] == pytest.approx(1.2, abs=1e-6)
+    assert residual["per_waiting"] == pytest.approx(0.05, abs=1e-6)
+    assert residual["per_kkv"] == pytest.approx(0.0, abs=1e-6)
+    assert out["after_idle"]["steps"] == 1
+    # decode steps without a front end on the core cost their price
+    assert out["decode"]["steps"] == 16 and out["decode"]["median"] == pytest.approx(1.0)
+    assert out["decode_after_finish"]["steps"] == 4
+    assert out["decode_after_finish"]["median"] > 1.1
+    # prefill steps are priced without the admission charge, so only the queue is left
+    by_waiting = out["prefill_by_waiting"]
+    assert by_waiting["0"]["median"] == pytest.approx(1.0)
+    assert by_waiting["10+"]["median"] > by_waiting["1-9"]["median"] > 1.0
+
+
+def test_a_windows_totals_price_every_step_in_it() -> None:
+    cost = StepCost("vllm_v1", 0.004, 0.0, 0.0, 0.0, 1e-6, 0.002)  # 4 ms, 1 µs a KV entry
+    steps = stepped([5.0, 6.0, 5.0], [0.1, 30.0, 0.1])  # an idle or not: every step counts
+    steps[0] = trace.Step(0.0, 0.005, 1, 2, ("a",), 0.0, 0, 2, steps[0].batch)  # admits a
+    steps.append(trace.Step(0.05, 0.0517, 0, 0, (), 0.0, 0, 0, ()))  # scheduled nothing
+    totals = trace.window_totals(steps, cost)
+    assert totals["steps"] == 3
+    assert totals["empty_steps"] == 1 and totals["empty_step_seconds"] == pytest.approx(0.0017)
+    assert totals["step_seconds"] == pytest.approx(0.016)
+    kv = (1001 + 1101) + (1002 + 1102) + (1003 + 1103)
+    assert totals["price_seconds"] == pytest.approx(round(3 * 0.004 + 1e-6 * kv + 0.002, 4))

@@ -24,10 +24,15 @@ class _Output:
 
 class Scheduler:
     def __init__(self):
-        self.waiting, self.running = [], []
+        self.waiting, self.running, self.requests = [], [], {}
     def add_request(self, request):
         self.waiting.append(request)
+        self.requests[request.request_id] = request
     def schedule(self):
+        # as vLLM's: the waiting request runs, its computed tokens advanced by the step's
+        request = self.waiting.pop()
+        self.running.append(request)
+        request.num_computed_tokens += 7
         return _Output()
     def update_from_output(self, scheduler_output, model_output):
         return {"outputs": len(self.waiting)}
@@ -37,9 +42,15 @@ DRIVER = """
 import vllm.v1.core.sched.scheduler as sched
 import vllm.v1.engine.core as core
 s = sched.Scheduler()
-s.add_request(type("R", (), {"request_id": "cmpl-r1-0-0a1b2c3d"})())
+s.add_request(
+    type(
+        "R",
+        (),
+        {"request_id": "cmpl-r1-0-0a1b2c3d", "num_computed_tokens": 64, "num_prompt_tokens": 80},
+    )()
+)
 s.schedule()
-assert s.update_from_output(None, None) == {"outputs": 1}
+assert s.update_from_output(None, None) == {"outputs": 0}
 assert core.ENGINE == "moved"
 print("served")
 """
@@ -91,7 +102,8 @@ def test_the_hook_patches_on_import_and_logs_each_event(tmp_path: Path) -> None:
     assert rows[2][3] == "vllm.v1.engine.core" and "EngineCoreProc" in rows[2][4]
     assert rows[3][3:] == ["cmpl-r1-0-0a1b2c3d", "0", "0"]
     start = float(rows[4][3])
-    assert rows[4][4:] == ["cmpl-r1-0-0a1b2c3d", "7", "1"]
+    # 7 tokens after a 64-token cached prefix, the scheduler's queues after the step
+    assert rows[4][4:] == ["cmpl-r1-0-0a1b2c3d", "7", "1", "0", "1", "cmpl-r1-0-0a1b2c3d:7:64:80"]
     times = [float(r[0]) for r in rows]
     assert times == sorted(times) and start <= float(rows[4][0])
 
