@@ -44,7 +44,8 @@ cycle (a step's start to the next one's) over that price: for all steps; for dec
 their batch and prefill steps by the waiting queue (neither after an idle nor with a request's
 front end on the core); for decode steps after one that finished a request; for the steps with
 front-end work and those after an idle; and the cycle less the price on a least-squares line of
-what the price has no term for (`step_cost_summary`).
+what the price has no term for (`step_cost_summary`). `--floor` reads a floor's runs as it reads a
+loaded run's: the floor's own steps against the price fitted from it.
 """
 
 from __future__ import annotations
@@ -547,6 +548,24 @@ def one_run(
     }
 
 
+def run_folders(runs: Sequence[str], floors: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(the name, the folder under the results folder, the engine) of every `--run` and `--floor`
+    value: a loaded run's ARM/ENGINE/CONDITION, or a floor's DEPLOYMENT/ARM/ENGINE/FLOOR (the
+    `floor_run` rule's results/floor/DEPLOYMENT/runs/ARM/ENGINE/FLOOR)."""
+    folders = []
+    for run in runs:
+        parts = run.split("/")
+        if len(parts) != 3:
+            raise ValueError(f"--run {run}: not ARM/ENGINE/CONDITION")
+        folders.append((run, f"runs/{run}", parts[1]))
+    for floor in floors:
+        parts = floor.split("/")
+        if len(parts) != 4:
+            raise ValueError(f"--floor {floor}: not DEPLOYMENT/ARM/ENGINE/FLOOR")
+        folders.append((f"floor/{floor}", f"floor/{parts[0]}/runs/{'/'.join(parts[1:])}", parts[2]))
+    return folders
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -554,7 +573,13 @@ def main() -> None:
     )
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument(
-        "--run", action="append", required=True, help="ARM/ENGINE/CONDITION, every repetition"
+        "--run", action="append", default=[], help="ARM/ENGINE/CONDITION, every repetition"
+    )
+    parser.add_argument(
+        "--floor",
+        action="append",
+        default=[],
+        help="DEPLOYMENT/ARM/ENGINE/FLOOR, a floor's every repetition (its steps, as a run's)",
     )
     parser.add_argument(
         "--platform",
@@ -563,21 +588,24 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if not args.run and not args.floor:
+        parser.error("name a --run or a --floor")
     costs = read_step_costs(args.platform) if args.platform else {}
     events = read_events(args.trace)
     unix_offset = unix_minus_monotonic(events)
     out: dict[str, Any] = {"trace": str(args.trace), "results": str(args.results), "runs": {}}
-    for run in args.run:
-        reps = sorted(p for p in (args.results / "runs" / run).glob("rep*") if p.is_dir())
+    try:
+        folders = run_folders(args.run, args.floor)
+    except ValueError as err:
+        parser.error(str(err))
+    for given, folder, engine in folders:
+        reps = sorted(p for p in (args.results / folder).glob("rep*") if p.is_dir())
         if not reps:
-            raise SystemExit(f"--run {run}: no repetition under {args.results / 'runs' / run}")
+            raise SystemExit(f"{given}: no repetition under {args.results / folder}")
+        if costs and engine not in costs:
+            raise SystemExit(f"--platform {args.platform}: no step cost of {engine} ({given})")
         for rep in reps:
-            name = f"{run}/{rep.name}"
-            engine = run.split("/")[1] if run.count("/") >= 2 else ""
-            if costs and engine not in costs:
-                raise SystemExit(
-                    f"--platform {args.platform}: no step cost of {engine} (--run {run})"
-                )
+            name = f"{given}/{rep.name}"
             result = one_run(events, rep, unix_offset, costs.get(engine))
             out["runs"][name] = result
             report(name, result)

@@ -4,6 +4,7 @@ phases on the engine's clock, the step ends it waits through, and what a step pa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,22 @@ def test_a_windows_totals_price_every_step_in_it() -> None:
     assert totals["step_seconds"] == pytest.approx(0.016)
     kv = (1001 + 1101) + (1002 + 1102) + (1003 + 1103)
     assert totals["price_seconds"] == pytest.approx(round(3 * 0.004 + 1e-6 * kv + 0.002, 4))
+
+
+def test_runs_and_floors_are_found_where_the_workflow_writes_them() -> None:
+    folders = trace.run_folders(
+        ["matched/vllm_v1/rate-4.00"],
+        ["defaults-vllm-v1-5a7c1333/defaults/vllm_v1/floor-s0.00-L128"],
+    )
+    assert folders == [
+        ("matched/vllm_v1/rate-4.00", "runs/matched/vllm_v1/rate-4.00", "vllm_v1"),
+        (
+            "floor/defaults-vllm-v1-5a7c1333/defaults/vllm_v1/floor-s0.00-L128",
+            "floor/defaults-vllm-v1-5a7c1333/runs/defaults/vllm_v1/floor-s0.00-L128",
+            "vllm_v1",
+        ),
+    ]
+    with pytest.raises(ValueError, match=re.escape("--run rate-4.00")):
+        trace.run_folders(["rate-4.00"], [])
+    with pytest.raises(ValueError, match=re.escape("--floor defaults/vllm_v1/floor-s0.00-L128")):
+        trace.run_folders([], ["defaults/vllm_v1/floor-s0.00-L128"])
