@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real_fit_rules import loaded_runs, tally
+from sim_vs_real_fit_rules import loaded_runs, run_pair, tally
 from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into, slowed_by
 
-from servelab.analysis.sim_vs_real import RunPair, compare_runs
+from servelab.analysis.sim_vs_real import compare_runs
 from servelab.grid.config import analysis_settings, conditions
 from servelab.sim.cpu_fit import read_step_costs
 
@@ -147,22 +147,15 @@ def main() -> int:
         per_check: dict[str, list[bool]] = {}
         for _ in range(args.draws):
             levels = draw_levels(rng, runs, args.run_sd, args.deployment_sd)
-            pairs = []
-            for run, level in levels.items():
-                arm, engine, condition, rep = run
-                where = Path(arm) / engine / condition / rep
-                pairs.append(
-                    RunPair(
-                        engine=engine,
-                        arm=arm,
-                        condition=condition,
-                        rep=rep,
-                        rate=float(by_condition[condition].rate),
-                        duration_s=float(by_condition[condition].duration_s),
-                        real_dir=Path(tmp) / f"x{nearest_scale(level, GRID):.2f}" / where,
-                        predicted_dir=Path(tmp) / "x1.00" / where,
-                    )
+            pairs = [
+                run_pair(
+                    by_condition,
+                    run,
+                    Path(tmp) / f"x{nearest_scale(level, GRID):.2f}" / Path(*run),
+                    Path(tmp) / "x1.00" / Path(*run),
                 )
+                for run, level in levels.items()
+            ]
             _, summary, _ = compare_runs(pairs, keeps_pace=keeps_pace)
             counted = tally(summary)
             met.append(counted["met"])

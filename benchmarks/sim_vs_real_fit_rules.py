@@ -37,6 +37,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -45,7 +46,7 @@ from cpu_fit_stability import floor_runs
 from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
 
 from servelab.analysis.sim_vs_real import RunPair, compare_runs
-from servelab.grid.config import analysis_settings, conditions
+from servelab.grid.config import Condition, analysis_settings, conditions
 from servelab.sim.cpu_fit import WARMUP_ROWS, FloorRun, WarmupRows, fit_step_cost, read_step_costs
 from servelab.sim.cpu_platform import StepCost
 
@@ -128,6 +129,27 @@ def loaded_runs(results: Path) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def run_pair(
+    by_condition: Mapping[str, Condition],
+    run: tuple[str, str, str, str],
+    real_dir: Path,
+    predicted_dir: Path,
+) -> RunPair:
+    """The comparison's pair of one loaded run (ARM, ENGINE, CONDITION, REP): its condition's rate
+    and window from config (`conditions`), the two sides' folders."""
+    arm, engine, condition, rep = run
+    return RunPair(
+        engine=engine,
+        arm=arm,
+        condition=condition,
+        rep=rep,
+        rate=float(by_condition[condition].rate),
+        duration_s=float(by_condition[condition].duration_s),
+        real_dir=real_dir,
+        predicted_dir=predicted_dir,
+    )
+
+
 def score(
     platform: dict[str, Any], results: Path, config: dict[str, Any], tmp: Path
 ) -> dict[str, Any]:
@@ -141,18 +163,8 @@ def score(
         out = tmp / "predicted" / arm / engine / condition / rep
         out.mkdir(parents=True)
         predict_into(results, config, f"{arm}/{engine}/{condition}/{rep}", platform_path, out)
-        pairs.append(
-            RunPair(
-                engine=engine,
-                arm=arm,
-                condition=condition,
-                rep=rep,
-                rate=float(by_condition[condition].rate),
-                duration_s=float(by_condition[condition].duration_s),
-                real_dir=results / "runs" / arm / engine / condition / rep,
-                predicted_dir=out,
-            )
-        )
+        real = results / "runs" / arm / engine / condition / rep
+        pairs.append(run_pair(by_condition, (arm, engine, condition, rep), real, out))
     _, summary, _ = compare_runs(pairs, keeps_pace=analysis_settings(config)["keeps_pace"])
     return cast(dict[str, Any], summary)
 
