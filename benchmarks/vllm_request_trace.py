@@ -371,7 +371,7 @@ def priced_steps(
             if b > a and a < after.start and b > step.start
         )
         # requests of the step before that this one no longer has: finished (V1 preempts only
-        # when the KV cache is full), their streams closed by the API server on the same core
+        # when the KV cache is full); their ending is work on the same core outside the steps
         finished = (
             len({r.rid for r in steps[i - 1].batch} - {r.rid for r in step.batch}) if i else 0
         )
@@ -434,7 +434,7 @@ def step_cost_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     request's front end on the core, are apart; of the rest:
     - `decode`: decode only, nothing admitted, no request finished in the step before; also by
       the requests in the step; and `decode_after_finish`, the same steps after one that
-      finished a request, whose stream the API server closes on the same core;
+      finished a request (its ending is work on the same core outside the steps);
     - `prefill`: with a prefill chunk, priced without the admission charge (the model charges a
       request's front end to the step that admits it, which the engine does not pay there); also
       by the scheduler's waiting queue after scheduling (V1 leaves a request waiting only while
@@ -509,8 +509,9 @@ def one_run(
     """The phases, step line and output batches of the run in `run_dir` (its window's events);
     with `cost` (a StepCost) and a log with the steps' batches, its steps against their prices."""
     record = json.loads((run_dir / "run.json").read_text("utf-8"))
-    lo = float(record["start_unix_s"]) - unix_offset - 1.0
-    hi = float(record["end_unix_s"]) - unix_offset + 2.0
+    start = float(record["start_unix_s"]) - unix_offset
+    end = float(record["end_unix_s"]) - unix_offset
+    lo, hi = start - 1.0, end + 2.0  # margins for the first send's and the last token's events
     window = [e for e in events if lo <= e.t <= hi]
     requests = [
         r
@@ -528,10 +529,7 @@ def one_run(
             (m["send"], m["fe_sent"]) for m in marks.values() if {"send", "fe_sent"} <= m.keys()
         ]
         priced = step_cost_summary(priced_steps(steps, cost, front_ends))
-        run_lo, run_hi = lo + 1.0, hi - 2.0  # the run's own window, without the margins
-        priced["run_window"] = window_totals(
-            [s for s in steps if run_lo <= s.start <= run_hi], cost
-        )
+        priced["run_window"] = window_totals([s for s in steps if start <= s.start <= end], cost)
     return {
         "run": str(run_dir),
         "steps": len(steps),
