@@ -44,7 +44,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_vs_real_fit_rules import loaded_runs, run_pair, tally
-from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into, slowed_by
+from sim_vs_real_slowdown import (
+    add_config_arguments,
+    config_of,
+    platform_file,
+    predict_into,
+    slowed_by,
+)
 
 from servelab.analysis.sim_vs_real import compare_runs
 from servelab.grid.config import analysis_settings, conditions
@@ -122,9 +128,7 @@ def main() -> int:
     if args.draws < 1 or args.run_sd < 0 or args.deployment_sd < 0:
         parser.error("--draws must be at least 1, and the sds at least 0")
     config = config_of(args)
-    platform = args.results / "sim_vs_real" / "platform.json"
-    if not platform.is_file():
-        raise SystemExit(f"no platform file {platform}: run the comparison first")
+    platform = platform_file(args.results)
     costs = read_step_costs(platform)
     runs = loaded_runs(args.results)
     if not runs:

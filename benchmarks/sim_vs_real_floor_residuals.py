@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_fit_stability import floor_runs
 from sim_vs_real_fit_rules import step_costs_in
-from sim_vs_real_slowdown import add_config_arguments, config_of
+from sim_vs_real_slowdown import add_config_arguments, config_of, platform_file
 
 from servelab.sim.cpu_fit import FloorRun, floor_rows
 from servelab.sim.cpu_platform import StepCost
@@ -126,9 +126,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = config_of(args)
-    platform = args.platform or args.results / "sim_vs_real" / "platform.json"
-    if not platform.is_file():
-        raise SystemExit(f"{platform}: no platform file (run `make sim-vs-real` first)")
+    platform = platform_file(args.results, args.platform)
     costs = step_costs_in(platform)
     runs = [r for r in floor_runs(args.results) if r.engine in costs]
     if not runs:

@@ -92,6 +92,15 @@ def config_of(args: argparse.Namespace) -> dict[str, Any]:
     return load_config(args.config, args.configfile)
 
 
+def platform_file(results: Path, given: Path | None = None) -> Path:
+    """`given`, or the results folder's fitted CPU platform (the `cpu_platform` rule's
+    results/sim_vs_real/platform.json); exits naming the file when there is none."""
+    platform = given or results / "sim_vs_real" / "platform.json"
+    if not platform.is_file():
+        raise SystemExit(f"no platform file {platform}: run the comparison first, or name one")
+    return platform
+
+
 def predict_into(
     results: Path,
     config: dict[str, Any],
@@ -137,7 +146,7 @@ def predict_scaled(
 ) -> dict[str, Any]:
     """The real run's summary and its prediction at each slowdown; with `engine_steps` (the real
     engine's own count of its passes) also the slowdown that gives it."""
-    platform = results / "sim_vs_real" / "platform.json"
+    platform = platform_file(results)
     costs = read_step_costs(platform)
     real = summary(results / "runs" / run / "requests.parquet")
     rows: list[dict[str, Any]] = []

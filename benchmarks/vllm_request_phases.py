@@ -50,7 +50,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real_slowdown import add_config_arguments, config_of, predict_into
+from sim_vs_real_slowdown import add_config_arguments, config_of, platform_file, predict_into
 
 from servelab.analysis.reduce import reduce_requests
 from servelab.deploy.processes import free_port
@@ -259,11 +259,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = config_of(args)
-    platform = args.platform or args.results / "sim_vs_real" / "platform.json"
-    if not platform.is_file():
-        raise SystemExit(
-            f"no platform file {platform}: run the comparison first, or pass --platform"
-        )
+    platform = platform_file(args.results, args.platform)
     runs = vllm_runs(args.results)
     if not runs:
         raise SystemExit(f"no vLLM V1 run under {args.results / 'runs'}")

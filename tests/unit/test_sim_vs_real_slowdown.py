@@ -3,6 +3,9 @@ that gives a real run's value (its X, TTFT p50 or the engine's own step count)."
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from benchmark_modules import load_benchmark
 
@@ -50,3 +53,17 @@ def test_a_slowed_platform_scales_its_passes_not_its_after_idle_term() -> None:
     assert slowed.after_idle() == cost.after_idle()
     features = dict(tokens=10, seqs=2, sampled=2, attn_pairs=0.0, kv_tokens=100.0, cuda_graph=False)
     assert slowed.iteration_time(**features) == pytest.approx(1.1 * cost.iteration_time(**features))
+
+
+def test_the_platform_file_is_the_given_one_or_the_results_own(tmp_path: Path) -> None:
+    own = tmp_path / "sim_vs_real" / "platform.json"
+    with pytest.raises(SystemExit, match=re.escape(str(own))):
+        slowdown.platform_file(tmp_path)
+    own.parent.mkdir()
+    own.write_text("{}")
+    assert slowdown.platform_file(tmp_path) == own
+    other = tmp_path / "other.json"
+    with pytest.raises(SystemExit, match=re.escape(str(other))):
+        slowdown.platform_file(tmp_path, other)
+    other.write_text("{}")
+    assert slowdown.platform_file(tmp_path, other) == other
