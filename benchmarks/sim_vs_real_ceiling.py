@@ -4,7 +4,8 @@ floor's prices on the engine's own steps").
 
     .venv/bin/python benchmarks/sim_vs_real_ceiling.py --results results \\
         [--run-sd 0.033] [--deployment-sd 0.02] [--draws 200] [--seed 0] \\
-        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT] \\
+        [--grid [--repetitions N]]
 
 A real step costs its floor-fitted price times a level that belongs to the run: two repetitions
 of one condition a minute apart differ by rms 0.047 in ln, so one run's level has an sd of about
@@ -26,6 +27,11 @@ draws that meet them all) and each check's share of draws met. A check met in fe
 machine's speed alone decides; a perfect model misses it as often. The levels are the only thing
 drawn: everything else of a real run (its arrivals, its engine's batching) is the prediction's, so
 this is a ceiling, not a forecast. Nothing under `--results` is written.
+
+The runs are the real loaded runs under `--results`. With `--grid` they are the configured grid's
+instead (`servelab.grid.config.runs`; `--repetitions` as `--config repetitions=N` gives the
+workflow), so the ceiling of a measurement can be computed and stated before its loaded runs are
+made: it needs only the floors' fitted platform and the compiled traces.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from sim_vs_real_slowdown import (
 
 from servelab.analysis.sim_vs_real import compare_runs
 from servelab.grid.config import analysis_settings, conditions
+from servelab.grid.config import runs as grid_runs
 from servelab.sim.cpu_fit import read_step_costs
 
 GRID = tuple(round(0.90 + 0.02 * k, 2) for k in range(11))  # 0.90 ... 1.10
@@ -99,6 +106,18 @@ def ceiling_summary(
     }
 
 
+def ceiling_runs(
+    config: Mapping[str, Any], results: Path, grid: bool, repetitions: int | None
+) -> list[Run]:
+    """The runs a ceiling draws: the configured grid's (`repetitions` in place of the config's,
+    when given), or else the real loaded runs under `results`."""
+    if not grid:
+        return loaded_runs(results)
+    if repetitions is not None:
+        config = {**config, "repetitions": repetitions}
+    return sorted((r.arm, r.engine, r.condition, r.rep) for r in grid_runs(config))
+
+
 def check_outcomes(summary: Mapping[str, Any]) -> dict[str, bool]:
     """Each check of one `compare_runs` summary by name (ENGINE/ARM CONDITION METRIC, and the
     series' saturation): met or not."""
@@ -124,15 +143,36 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="draw the configured grid's runs, not the real runs under --results",
+    )
+    parser.add_argument(
+        "--repetitions", type=int, help="with --grid: the grid's repetitions (the config's if not)"
+    )
     args = parser.parse_args()
     if args.draws < 1 or args.run_sd < 0 or args.deployment_sd < 0:
         parser.error("--draws must be at least 1, and the sds at least 0")
+    if args.repetitions is not None and (not args.grid or args.repetitions < 1):
+        parser.error("--repetitions needs --grid and is at least 1")
     config = config_of(args)
     platform = platform_file(args.results)
     costs = read_step_costs(platform)
-    runs = loaded_runs(args.results)
+    runs = ceiling_runs(config, args.results, args.grid, args.repetitions)
     if not runs:
         raise SystemExit(f"no loaded run under {args.results / 'runs'}")
+    missing = sorted(
+        {
+            f"{args.results}/traces/{condition}/{rep}/trace.parquet"
+            for _, _, condition, rep in runs
+            if not (args.results / "traces" / condition / rep / "trace.parquet").is_file()
+        }
+    )
+    if missing:
+        raise SystemExit(
+            f"no compiled trace {missing[0]} ({len(missing)} missing): make the traces"
+        )
     by_condition = conditions(config)
     keeps_pace = analysis_settings(config)["keeps_pace"]
     started = time.perf_counter()
@@ -169,6 +209,8 @@ def main() -> int:
     result = ceiling_summary(met, checked, per_check)
     result.update(
         results=str(args.results),
+        runs_from="grid" if args.grid else "loaded runs",
+        runs=len(runs),
         run_sd=args.run_sd,
         deployment_sd=args.deployment_sd,
         seed=args.seed,

@@ -81,3 +81,25 @@ def test_checks_are_named_and_tallied_over_draws() -> None:
     assert out["all_met_share"] == pytest.approx(2 / 3, abs=1e-4)
     assert out["met_mean"] == pytest.approx(7 / 3, abs=0.01)
     assert out["per_check"]["b"] == {"draws": 2, "met_share": 0.5}
+
+
+def test_the_grid_gives_the_ceiling_its_runs_before_they_are_made(tmp_path) -> None:
+    from servelab.grid.config import load_config
+
+    config = load_config("config/config.yaml", ["config/cpu-pair.yaml", "config/sim-vs-real.yaml"])
+    # no real run under results: the loaded runs are none, the grid's are all of them
+    assert ceiling.ceiling_runs(config, tmp_path, grid=False, repetitions=None) == []
+    two = ceiling.ceiling_runs(config, tmp_path, grid=True, repetitions=None)
+    four = ceiling.ceiling_runs(config, tmp_path, grid=True, repetitions=4)
+    assert {r[3] for r in two} == {"rep1", "rep2"}
+    assert {r[3] for r in four} == {"rep1", "rep2", "rep3", "rep4"}
+    assert len(four) == 2 * len(two)
+    assert {r[:3] for r in four} == {r[:3] for r in two}
+    assert {r[1] for r in four} == {"llamacpp", "vllm_v1"}
+    # in the loaded runs' order (their paths sorted), so one seed draws the same levels for both
+    assert four == sorted(four)
+    for arm, engine, condition, rep in two:
+        run_json = tmp_path / "runs" / arm / engine / condition / rep / "run.json"
+        run_json.parent.mkdir(parents=True)
+        run_json.write_text("{}")
+    assert ceiling.ceiling_runs(config, tmp_path, grid=False, repetitions=None) == two
