@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -652,24 +653,67 @@ def write_cpu_platform(
     return record
 
 
+def floor_medians(run: FloorRun) -> tuple[float, float] | None:
+    """(median TTFT, median inter-token gap) of one floor run's measured requests (the warm-ups
+    left out), or None when it has no request with both."""
+    requests = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
+    ttft: list[float] = []
+    gaps: list[float] = []
+    for req in requests:
+        observed = None if req["warmup"] else observed_times(req)
+        if observed is not None:
+            ttft.append(observed[0])
+            gaps.extend(observed[1])
+    if not (ttft and gaps):
+        return None
+    return float(np.median(ttft)), float(np.median(gaps))
+
+
+def floor_drift(
+    before: Sequence[FloorRun], after: Sequence[FloorRun], band: float
+) -> dict[str, Any]:
+    """How far the machine's speed moved between two makings of the same floors (before and
+    after a deployment's loaded runs). Runs are paired by engine, arm, shape and repetition; per
+    engine and arm, the median over its pairs of ln(after / before) of the median TTFT and of the
+    median inter-token gap, given as ratios. A deployment agrees when both lie within
+    exp(±band): a fit from either floor then prices its loaded runs within the band."""
+
+    def key(run: FloorRun) -> tuple[str, str, str, str]:
+        return (run.engine, run.arm, run.trace_dir.parent.name, run.trace_dir.name)
+
+    first = {key(r): r for r in before}
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for run in after:
+        earlier = first.get(key(run))
+        if earlier is None:
+            continue
+        old, new = floor_medians(earlier), floor_medians(run)
+        if old is None or new is None:
+            continue
+        moved = (math.log(new[0] / old[0]), math.log(new[1] / old[1]))
+        pairs.setdefault((run.engine, run.arm), []).append(moved)
+    out: dict[str, Any] = {}
+    for (engine, arm), logs in sorted(pairs.items()):
+        ttft, itl = np.median(np.asarray(logs), axis=0).tolist()
+        out[f"{engine}/{arm}"] = {
+            "pairs": len(logs),
+            "ttft_ratio": round(math.exp(ttft), 4),
+            "itl_ratio": round(math.exp(itl), 4),
+            "agrees": abs(ttft) <= band and abs(itl) <= band,
+        }
+    return out
+
+
 def floor_noise(runs: Sequence[FloorRun]) -> dict[str, Any]:
     """The platform's noise, measured as the floor is: the spread of repeated floors. Per
     (arm, shape) with two or more repetitions, the sd of ln(median TTFT) and of ln(median ITL)
     across them; pooled as the root mean square over those groups."""
     groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for run in runs:
-        requests = pq.read_table(run.run_dir / "requests.parquet").to_pylist()
-        ttft, gaps = [], []
-        for req in requests:
-            observed = None if req["warmup"] else observed_times(req)
-            if observed is not None:
-                ttft.append(observed[0])
-                gaps.extend(observed[1])
-        if ttft and gaps:
+        medians = floor_medians(run)
+        if medians is not None:
             shape = run.trace_dir.parent.name  # the floor id (floor-s0.50-L1024)
-            groups.setdefault((run.arm, shape), []).append(
-                (float(np.median(ttft)), float(np.median(gaps)))
-            )
+            groups.setdefault((run.arm, shape), []).append(medians)
     spreads = {
         f"{arm}/{shape}": [float(np.std(np.log(v), ddof=1)) for v in zip(*values, strict=True)]
         for (arm, shape), values in sorted(groups.items())

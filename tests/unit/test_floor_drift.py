@@ -1,0 +1,79 @@
+"""servelab.sim.cpu_fit.floor_drift: two makings of the same floors, set side by side to see
+whether the machine's speed moved between them (docs/simulator.md, "A sixteenth measurement")."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from servelab.sim.cpu_fit import FloorRun, floor_drift, floor_medians
+
+
+def floor_run(root: Path, arm: str, shape: str, rep: str, ttft: float, gap: float) -> FloorRun:
+    """A floor run of three measured requests and a warm-up, each streaming four tokens one
+    `gap` apart after a first token `ttft` after its send."""
+    run_dir = root / arm / shape / rep
+    run_dir.mkdir(parents=True)
+    rows = []
+    for k, warmup in enumerate([True, False, False, False]):
+        sent = 10.0 * k
+        scale = 5.0 if warmup else 1.0  # a warm-up's times must not count
+        first = sent + ttft * scale
+        rows.append(
+            {
+                "warmup": warmup,
+                "status": "ok",
+                "sent_s": sent,
+                "chunk_times_s": [first + i * gap * scale for i in range(4)],
+                "chunk_tokens": [1, 1, 1, 1],
+            }
+        )
+    pq.write_table(pa.Table.from_pylist(rows), run_dir / "requests.parquet")
+    return FloorRun(
+        run_dir=run_dir,
+        trace_dir=root / "traces" / shape / rep,
+        engine="llamacpp",
+        arm=arm,
+        flags=(),
+    )
+
+
+def test_a_floor_runs_medians_leave_the_warmups_out(tmp_path: Path) -> None:
+    run = floor_run(tmp_path, "defaults", "floor-s0.00-L128", "rep1", 0.020, 0.002)
+    ttft, gap = floor_medians(run)  # type: ignore[misc]
+    assert ttft == pytest.approx(0.020) and gap == pytest.approx(0.002)
+
+
+def test_drift_is_the_median_ratio_per_deployment_and_agrees_only_within_the_band(
+    tmp_path: Path,
+) -> None:
+    shapes = ["floor-s0.00-L128", "floor-s0.00-L512", "floor-s0.00-L1536"]
+    before = [
+        floor_run(tmp_path / "before", arm, shape, "rep1", 0.020, 0.002)
+        for arm in ("defaults", "matched")
+        for shape in shapes
+    ]
+    # after: defaults 24% slower on every shape; matched 3% slower, but one shape 50%
+    after = [
+        floor_run(tmp_path / "after", "defaults", shape, "rep1", 0.020 * 1.24, 0.002 * 1.24)
+        for shape in shapes
+    ] + [
+        floor_run(tmp_path / "after", "matched", shape, "rep1", 0.020 * f, 0.002 * f)
+        for shape, f in zip(shapes, [1.03, 1.03, 1.5], strict=True)
+    ]
+    # a run with no partner before is left out
+    after.append(floor_run(tmp_path / "after", "matched", "floor-s0.00-L128", "rep2", 1.0, 1.0))
+    drift = floor_drift(before, after, band=math.log(1.05))
+    assert drift["llamacpp/defaults"]["pairs"] == 3
+    assert drift["llamacpp/defaults"]["ttft_ratio"] == pytest.approx(1.24, abs=1e-3)
+    assert drift["llamacpp/defaults"]["agrees"] is False
+    assert drift["llamacpp/matched"]["pairs"] == 3
+    assert drift["llamacpp/matched"]["itl_ratio"] == pytest.approx(1.03, abs=1e-3)
+    assert drift["llamacpp/matched"]["agrees"] is True
+    # the same floors twice agree with themselves at any band
+    same = floor_drift(before, before, band=0.0)
+    assert all(d["agrees"] and d["ttft_ratio"] == 1.0 for d in same.values())
