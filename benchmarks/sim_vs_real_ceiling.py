@@ -56,6 +56,7 @@ from sim_vs_real_slowdown import (
     platform_file,
     predict_into,
     slowed_by,
+    trace_folder,
 )
 
 from servelab.analysis.sim_vs_real import compare_runs
@@ -162,13 +163,10 @@ def main() -> int:
     runs = ceiling_runs(config, args.results, args.grid, args.repetitions)
     if not runs:
         raise SystemExit(f"no loaded run under {args.results / 'runs'}")
-    missing = sorted(
-        {
-            f"{args.results}/traces/{condition}/{rep}/trace.parquet"
-            for _, _, condition, rep in runs
-            if not (args.results / "traces" / condition / rep / "trace.parquet").is_file()
-        }
-    )
+    traces = {
+        trace_folder(args.results, condition, rep) / "trace.parquet" for *_, condition, rep in runs
+    }
+    missing = sorted(str(t) for t in traces if not t.is_file())
     if missing:
         raise SystemExit(
             f"no compiled trace {missing[0]} ({len(missing)} missing): make the traces"

@@ -101,6 +101,12 @@ def platform_file(results: Path, given: Path | None = None) -> Path:
     return platform
 
 
+def trace_folder(results: Path, condition: str, rep: str) -> Path:
+    """The compiled trace of CONDITION/REP under `results` (the `compile_trace` rule's folder:
+    trace.parquet and manifest.json)."""
+    return results / "traces" / condition / rep
+
+
 def predict_into(
     results: Path,
     config: dict[str, Any],
@@ -113,7 +119,7 @@ def predict_into(
     workflow's `predict_run` rule does (its settings from `config`), into `out`'s requests.parquet,
     scrape.parquet and run.json; `step_costs`: what times the passes instead (`predict_run`)."""
     arm, engine, condition, rep = run.split("/")
-    trace_dir = results / "traces" / condition / rep
+    trace_dir = trace_folder(results, condition, rep)
     predict_run(
         prediction_settings(config, arm=arm, engine=engine, condition=condition),
         platform_path=platform_path,

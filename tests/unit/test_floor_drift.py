@@ -13,10 +13,12 @@ import pytest
 from servelab.sim.cpu_fit import FloorRun, floor_drift, floor_medians
 
 
-def floor_run(root: Path, arm: str, shape: str, rep: str, ttft: float, gap: float) -> FloorRun:
+def floor_run(
+    root: Path, arm: str, shape: str, rep: str, ttft: float, gap: float, engine: str = "llamacpp"
+) -> FloorRun:
     """A floor run of three measured requests and a warm-up, each streaming four tokens one
     `gap` apart after a first token `ttft` after its send."""
-    run_dir = root / arm / shape / rep
+    run_dir = root / engine / arm / shape / rep
     run_dir.mkdir(parents=True)
     rows = []
     for k, warmup in enumerate([True, False, False, False]):
@@ -36,7 +38,7 @@ def floor_run(root: Path, arm: str, shape: str, rep: str, ttft: float, gap: floa
     return FloorRun(
         run_dir=run_dir,
         trace_dir=root / "traces" / shape / rep,
-        engine="llamacpp",
+        engine=engine,
         arm=arm,
         flags=(),
     )
@@ -65,6 +67,15 @@ def test_drift_is_the_median_ratio_per_deployment_and_agrees_only_within_the_ban
         floor_run(tmp_path / "after", "matched", shape, "rep1", 0.020 * f, 0.002 * f)
         for shape, f in zip(shapes, [1.03, 1.03, 1.5], strict=True)
     ]
+    # vLLM: its first token 24% slower, its tokens unchanged; one of the two out is enough
+    before += [
+        floor_run(tmp_path / "before", "defaults", s, "rep1", 0.02, 0.002, "vllm_v1")
+        for s in shapes
+    ]
+    after += [
+        floor_run(tmp_path / "after", "defaults", s, "rep1", 0.02 * 1.24, 0.002, "vllm_v1")
+        for s in shapes
+    ]
     # a run with no partner before is left out
     after.append(floor_run(tmp_path / "after", "matched", "floor-s0.00-L128", "rep2", 1.0, 1.0))
     drift = floor_drift(before, after, band=math.log(1.05))
@@ -74,6 +85,8 @@ def test_drift_is_the_median_ratio_per_deployment_and_agrees_only_within_the_ban
     assert drift["llamacpp/matched"]["pairs"] == 3
     assert drift["llamacpp/matched"]["itl_ratio"] == pytest.approx(1.03, abs=1e-3)
     assert drift["llamacpp/matched"]["agrees"] is True
+    assert drift["vllm_v1/defaults"]["itl_ratio"] == pytest.approx(1.0)
+    assert drift["vllm_v1/defaults"]["agrees"] is False
     # the same floors twice agree with themselves at any band
     same = floor_drift(before, before, band=0.0)
     assert all(d["agrees"] and d["ttft_ratio"] == 1.0 for d in same.values())
