@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ floor:
   shapes:
     - {sharing: 0.0, prompt_tokens: 512}
 """
+ARMS = ("defaults", "matched")
 TARGET = ("results/sim_vs_real.csv", "--configfile")
 CONFIGS = ("config/cpu-pair.yaml", "config/sim-vs-real.yaml", "config/short.yaml")
 
@@ -66,7 +68,7 @@ def test_every_real_run_was_pinned_and_its_machine_load_recorded(campaign: Path)
         json.loads(p.read_text())
         for p in sorted((campaign / "results").glob("**/runs/*/*/*/rep1/run.json"))
     ]
-    assert len(records) == 2 * 2 * 2 + 2 * 2 * 2  # loaded runs, floor runs
+    assert len(records) == 3 * 2 * 2 * 2  # loaded runs, floor runs, floor runs after (bracket)
     for record in records:
         load = record["machine_load"]
         assert (load["engine_cpus"], load["client_cpus"]) == ([1], [0])
@@ -89,7 +91,7 @@ def test_every_llamacpp_run_met_a_server_started_for_it(campaign: Path) -> None:
             for path in results.glob("**/runs/*/llamacpp/*/rep*/run.json")
             if json.loads(path.read_text())["deployment_id"] == log.parent.name
         ]
-        assert len(runs) == 4  # two floor runs and two loaded
+        assert len(runs) == 6  # two floor runs, two loaded and the two floor runs after
         lines = log.read_text(errors="replace").splitlines()
         starts = sum(1 for line in lines if SERVER_START.search(line))
         assert starts >= len(runs), f"{log}: {starts} server starts for {len(runs)} runs"
@@ -113,6 +115,42 @@ def test_the_platform_is_fitted_from_the_floor_and_every_run_compared(campaign: 
         assert float(row["ttft_p50_real"]) > 0 and float(row["ttft_p50_predicted"]) > 0
         assert float(row["throughput_ratio"]) > 0
     assert (campaign / "results" / "figures" / "sim_vs_real.png").stat().st_size > 0
+
+
+def test_the_bracket_sets_each_deployments_floors_side_by_side(campaign: Path) -> None:
+    """config/sim-vs-real.yaml's floor.bracket: each deployment floored before and after its
+    loaded runs, in that order, and the comparison judging only those whose floors agree."""
+    results = campaign / "results"
+    drift = json.loads((results / "sim_vs_real" / "floor_drift.json").read_text())
+    deployments = {f"{engine}/{arm}" for engine in ("vllm_v1", "llamacpp") for arm in ARMS}
+    assert set(drift["deployments"]) == deployments
+    for entry in drift["deployments"].values():
+        assert entry["pairs"] == 2  # two shapes, one repetition, every floor run ok
+        assert entry["agrees"] == (
+            abs(math.log(entry["ttft_ratio"])) <= math.log1p(drift["band"])
+            and abs(math.log(entry["itl_ratio"])) <= math.log1p(drift["band"])
+        )
+    for arm in ARMS:
+        for engine in ("vllm_v1", "llamacpp"):
+            before = max(_block_times(results / "floor", arm, engine))
+            loaded = _block_times(results, arm, engine)
+            after = min(_block_times(results / "floor-after", arm, engine))
+            assert before < min(loaded) and max(loaded) < after, (arm, engine)
+    bracket = json.loads((results / "sim_vs_real.json").read_text())["bracket"]
+    assert set(bracket["judged"]) | set(bracket["refused"]) == deployments
+    assert set(bracket["judged"]) == {d for d, e in drift["deployments"].items() if e["agrees"]}
+
+
+def _block_times(root: Path, arm: str, engine: str) -> list[int]:
+    """When each block of one deployment under `root` (results/, or a floor root) was written."""
+    pattern = (
+        f"runs/{arm}/{engine}/*/block.json"
+        if root.name == "results"
+        else f"*/runs/{arm}/{engine}/*/block.json"
+    )
+    times = [p.stat().st_mtime_ns for p in root.glob(pattern)]
+    assert times, f"no block of {arm}/{engine} under {root}"
+    return times
 
 
 def test_the_predicted_side_is_byte_identical_on_rerun(campaign: Path) -> None:

@@ -3,6 +3,7 @@ whether the machine's speed moved between them (docs/simulator.md, "A sixteenth 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from servelab.sim.cpu_fit import FloorRun, floor_drift, floor_medians
+from servelab.sim.cpu_fit import FloorRun, floor_drift, floor_medians, write_floor_drift
 
 
 def floor_run(
@@ -90,3 +91,54 @@ def test_drift_is_the_median_ratio_per_deployment_and_agrees_only_within_the_ban
     # the same floors twice agree with themselves at any band
     same = floor_drift(before, before, band=0.0)
     assert all(d["agrees"] and d["ttft_ratio"] == 1.0 for d in same.values())
+
+
+def as_config(run: FloorRun) -> dict[str, object]:
+    """A floor run as the workflow's params give it, its run.json written with `status`."""
+    return {
+        "run_dir": str(run.run_dir),
+        "trace_dir": str(run.trace_dir),
+        "engine": run.engine,
+        "arm": run.arm,
+        "flags": list(run.flags),
+    }
+
+
+def test_the_bracket_record_leaves_out_runs_not_ok_and_refuses_a_deployment_without_pairs(
+    tmp_path: Path,
+) -> None:
+    shape = "floor-s0.00-L128"
+    before = [
+        floor_run(tmp_path / "before", arm, shape, rep, 0.020, 0.002)
+        for arm in ("defaults", "matched")
+        for rep in ("rep1", "rep2")
+    ]
+    after = [
+        floor_run(tmp_path / "after", "defaults", shape, "rep1", 0.0208, 0.002),
+        # 50% slower, but refused for its machine load: no measurement, so no drift either
+        floor_run(tmp_path / "after", "defaults", shape, "rep2", 0.030, 0.003),
+        # matched's floor after was refused: nothing shows its machine held still
+        floor_run(tmp_path / "after", "matched", shape, "rep1", 0.020, 0.002),
+    ]
+    refused = {after[1].run_dir, after[2].run_dir}
+    for run in (*before, *after):
+        status = "refused" if run.run_dir in refused else "ok"
+        (run.run_dir / "run.json").write_text(json.dumps({"status": status}))
+    out = tmp_path / "floor_drift.json"
+    record = write_floor_drift(
+        [as_config(r) for r in before], [as_config(r) for r in after], band=0.05, out_path=out
+    )
+    assert json.loads(out.read_text()) == record
+    assert record["band"] == 0.05
+    assert record["skipped_runs"] == sorted(str(p) for p in refused)
+    defaults = record["deployments"]["llamacpp/defaults"]
+    assert defaults["pairs"] == 1 and defaults["ttft_ratio"] == pytest.approx(1.04, abs=1e-3)
+    assert defaults["agrees"] is True  # 4% is within ±5%
+    assert record["deployments"]["llamacpp/matched"] == {
+        "pairs": 0,
+        "ttft_ratio": None,
+        "itl_ratio": None,
+        "agrees": False,
+    }
+    with pytest.raises(ValueError, match=r"floor\.bracket\.band"):
+        write_floor_drift([], [], band=5.0, out_path=out)

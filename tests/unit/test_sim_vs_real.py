@@ -4,6 +4,7 @@ repetition interval, the ratio, the saturation rate and the goals."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -296,3 +297,36 @@ def test_a_step_written_slot_by_slot_is_one_iteration(tmp_path: Path) -> None:
     starts, tokens = iterations(streams_table(tmp_path, streams))
     assert tokens.tolist() == [4] * 6
     assert starts == pytest.approx([0.010 * i for i in range(6)])
+
+
+def test_the_bracket_judges_only_a_deployment_whose_floors_agree(tmp_path: Path) -> None:
+    made = pairs(tmp_path)
+    made += [dataclasses.replace(p, arm="matched") for p in made]  # the same runs, another arm
+    drift = {
+        "band": 0.05,
+        "deployments": {
+            "vllm_v1/defaults": {"pairs": 8, "ttft_ratio": 1.02, "itl_ratio": 0.99, "agrees": True},
+            "vllm_v1/matched": {"pairs": 8, "ttft_ratio": 1.21, "itl_ratio": 1.17, "agrees": False},
+        },
+    }
+    _rows, plain, _waiting = compare_runs(made)
+    _rows, summary, _waiting = compare_runs(made, floor_drift=drift)
+    assert "bracket" not in plain and "judged" not in plain["series"][0]
+    by_arm = {s["arm"]: s for s in summary["series"]}
+    assert by_arm["defaults"]["judged"] is True and by_arm["matched"]["judged"] is False
+    assert by_arm["matched"]["floors"] == {"pairs": 8, "ttft_ratio": 1.21, "itl_ratio": 1.17}
+    # the refused deployment's checks are kept, but the goal counts the judged one alone
+    assert by_arm["matched"]["checks"] == by_arm["defaults"]["checks"]
+    judged = by_arm["defaults"]
+    assert summary["bracket"] == {
+        "band": 0.05,
+        "judged": ["vllm_v1/defaults"],
+        "refused": ["vllm_v1/matched"],
+        "met": judged["met"] + judged["saturation_met"],
+        "checked": judged["checked"] + 1,
+    }
+    # a deployment the bracket has no record of (its floor after was never made) is refused
+    drift["deployments"].pop("vllm_v1/matched")
+    _rows, summary, _waiting = compare_runs(made, floor_drift=drift)
+    assert summary["bracket"]["refused"] == ["vllm_v1/matched"]
+    assert summary["series"][1]["floors"]["pairs"] == 0

@@ -90,6 +90,10 @@ FLOOR_SHAPES = {block.shape.id: block.shape for block in FLOOR_BLOCKS.values()}
 FLOOR = grid.floor_settings(config)
 FLOOR_REPS = [f"rep{k}" for k in range(1, FLOOR["repetitions"] + 1)]
 FLOOR_DIR = "results/floor/{deployment}/runs/{arm}/{engine}/{floor}"
+# With config `floor.bracket`, each deployment's floor is made again just after its loaded runs,
+# on the same traces, under a root of its own (its sealed measurements apart from the first's).
+FLOOR_BRACKET_BAND = grid.floor_bracket_band(config)
+FLOOR_AFTER_DIR = "results/floor-after/{deployment}/runs/{arm}/{engine}/{floor}"
 
 
 wildcard_constraints:
@@ -169,7 +173,11 @@ def is_run(arm, engine, condition, rep):
 # the campaign's (arm, engine, condition) under results/runs/, or a deployment's unloaded floor on
 # one request shape under results/floor/{deployment}/runs/ (FLOOR_DIR). One family of helpers,
 # parametrised by the kind ("run" or "floor"), serves the run and floor_run rules.
-BLOCK_DIRS = {"run": "results/runs/{arm}/{engine}/{condition}", "floor": FLOOR_DIR}
+BLOCK_DIRS = {
+    "run": "results/runs/{arm}/{engine}/{condition}",
+    "floor": FLOOR_DIR,
+    "floor_after": FLOOR_AFTER_DIR,
+}
 # A run's files: written by its block's run job (requests, scrape, run.json) or its telemetry job.
 RUN_DIR = f"{BLOCK_DIRS['run']}/{{rep}}"
 
@@ -182,11 +190,12 @@ def run_file(name):
 BLOCK_TRACES = {
     "run": ("compile_trace", "condition", "rep"),
     "floor": ("floor_trace", "floor", "floor_rep"),
+    "floor_after": ("floor_trace", "floor", "floor_rep"),
 }
 
 
 def block_reps(kind):
-    return {"run": REPS, "floor": FLOOR_REPS}[kind]
+    return {"run": REPS, "floor": FLOOR_REPS, "floor_after": FLOOR_REPS}[kind]
 
 
 def block_outputs(kind, name):
@@ -211,7 +220,12 @@ def block_inputs(kind, name):
 def block_of(kind, wildcards):
     """(deployment, run, the config its run identity is read from) of the block being matched; a
     block the configured grid does not have is refused."""
-    if kind == "floor":
+    if kind == "floor_after" and FLOOR_BRACKET_BAND is None:
+        raise ValueError(
+            f"{BLOCK_DIRS[kind]}: the floor after the loaded runs is made only with config "
+            "floor.bracket"
+        )
+    if kind in ("floor", "floor_after"):
         # No offered load: the floor is a closed loop; its size is in its trace, whose SHA-256 is
         # in the sealed measurement's key.
         run = {
@@ -583,9 +597,11 @@ def floor_seed(wildcards):
     return grid.trace_seed(config["campaign_seed"], wildcards.floor, wildcards.floor_rep)
 
 
-def floor_run_files(name):
+def floor_run_files(name, kind="floor"):
+    """The file `name` of every floor run (of the floor after the loaded runs: kind
+    "floor_after"), block by block, repetition by repetition."""
     return [
-        f"{FLOOR_DIR}/{rep}/{name}".format(
+        f"{BLOCK_DIRS[kind]}/{rep}/{name}".format(
             deployment=block.deployment.id,
             arm=block.deployment.arm,
             engine=block.deployment.engine,
@@ -602,32 +618,72 @@ def floor_run_files(name):
 PREDICTED_DIR = "results/sim_vs_real/predicted/{arm}/{engine}/{condition}/{rep}"
 
 
+def deployment_blocks(kind):
+    """With config `floor.bracket`, what a block of `kind` waits for so that each deployment's
+    floors bracket its loaded runs: a loaded run ("run") the deployment's floor before them, the
+    floor after them ("floor_after") every block of its loaded runs. Order only: neither job
+    reads the other's files. Without a bracket, nothing."""
+
+    def blocks(wildcards):
+        if FLOOR_BRACKET_BAND is None:
+            return []
+        deployment = block_of(kind, wildcards)[0].id
+        if kind == "run":
+            return [
+                rules.floor_run.output.block.format(
+                    deployment=deployment,
+                    arm=block.deployment.arm,
+                    engine=block.deployment.engine,
+                    floor=block.shape.id,
+                )
+                for block in FLOOR_BLOCKS.values()
+                if block.deployment.id == deployment
+            ]
+        return sorted(
+            {
+                rules.run.output.block.format(
+                    arm=run.arm, engine=run.engine, condition=run.condition
+                )
+                for run in RUNS
+                if deployment_of(run).id == deployment
+            }
+        )
+
+    return blocks
+
+
+def floor_runs_read(kind):
+    """Every floor run of `kind` as the fit and the bracket read it: its folder, its trace's
+    folder (of the rule's inputs, in floor_run_files order) and its deployment."""
+
+    def runs(wildcards, input):
+        run_json = getattr(input, f"{kind}_run_json")
+        traces = getattr(input, f"{kind}_traces")
+        return [
+            {
+                "run_dir": str(Path(path).parent),
+                "trace_dir": str(Path(trace).parent),
+                "engine": block.deployment.engine,
+                "arm": block.deployment.arm,
+                "flags": list(block.deployment.flags),
+            }
+            for (block, rep), path, trace in zip(
+                [(block, rep) for block in FLOOR_BLOCKS.values() for rep in FLOOR_REPS],
+                run_json,
+                traces,
+                strict=True,
+            )
+        ]
+
+    return runs
+
+
 def floor_trace_files(name):
     """The floor trace file `name` of every floor run, in floor_run_files order."""
     return [
         rules.floor_trace.output[name].format(floor=block.shape.id, floor_rep=rep)
         for block in FLOOR_BLOCKS.values()
         for rep in FLOOR_REPS
-    ]
-
-
-def cpu_platform_floor_runs(wildcards, input):
-    """Every floor run as the fit reads it: its folder, its trace's folder (of the rule's inputs,
-    in floor_run_files order) and its deployment."""
-    return [
-        {
-            "run_dir": str(Path(run_json).parent),
-            "trace_dir": str(Path(trace).parent),
-            "engine": block.deployment.engine,
-            "arm": block.deployment.arm,
-            "flags": list(block.deployment.flags),
-        }
-        for (block, rep), run_json, trace in zip(
-            [(block, rep) for block in FLOOR_BLOCKS.values() for rep in FLOOR_REPS],
-            input.run_json,
-            input.traces,
-            strict=True,
-        )
     ]
 
 

@@ -51,6 +51,36 @@ rule floor_run:
         "../scripts/run.py"
 
 
+# With config `floor.bracket`: the same floor made again just after its deployment's loaded runs
+# (they are its order-only input), on the same traces, under results/floor-after/.
+rule floor_after_run:
+    input:
+        traces=block_inputs("floor_after", "trace"),
+        manifests=block_inputs("floor_after", "manifest"),
+        resolved=block_resolved_config("floor_after"),
+        loaded_runs=deployment_blocks("floor_after"),
+    output:
+        requests=block_outputs("floor_after", "requests.parquet"),
+        scrape=block_outputs("floor_after", "scrape.parquet"),
+        run_json=block_outputs("floor_after", "run.json"),
+        block="results/floor-after/{deployment}/runs/{arm}/{engine}/{floor}/block.json",
+    log:
+        "results/logs/floor-after/{deployment}/{arm}/{engine}/{floor}.log",
+    priority: block_priority("floor_after")
+    conda:
+        "../../environment.yml"
+    resources:
+        **node_resources(block_deployment("floor_after")),
+    params:
+        identity=block_identity("floor_after"),
+        results_dir=results_root,
+    message:
+        "measure the unloaded floor of {wildcards.deployment} on {wildcards.floor} again, after "
+        "its loaded runs"
+    script:
+        "../scripts/run.py"
+
+
 rule floor:
     input:
         code=analysis_code(),

@@ -12,6 +12,8 @@ rule run:
         # published again, not re-measured, while the deployment's identity and the
         # configuration it resolved are the same (they are in the measurement's key).
         resolved=block_resolved_config("run"),
+        # With config `floor.bracket`, the deployment's floor is measured just before its runs.
+        floor_before=deployment_blocks("run"),
     output:
         requests=block_outputs("run", "requests.parquet"),
         scrape=block_outputs("run", "scrape.parquet"),

@@ -6,10 +6,10 @@
 
 rule cpu_platform:
     input:
-        run_json=floor_run_files("run.json"),
-        requests=floor_run_files("requests.parquet"),
-        traces=floor_trace_files("trace"),
-        manifests=floor_trace_files("manifest"),
+        floor_run_json=floor_run_files("run.json"),
+        floor_requests=floor_run_files("requests.parquet"),
+        floor_traces=floor_trace_files("trace"),
+        floor_manifests=floor_trace_files("manifest"),
     output:
         platform="results/sim_vs_real/platform.json",
     log:
@@ -17,13 +17,40 @@ rule cpu_platform:
     conda:
         "../../environment.yml"
     params:
-        floor_runs=cpu_platform_floor_runs,
+        floor_runs=floor_runs_read("floor"),
         gpu_memory_mib=int(config["gpu"]["memory_mib"]),
         model_preset=config["model"].get("preset"),
     message:
         "fit the CPU platform's step time of every engine from its floor -> {output.platform}"
     script:
         "../scripts/cpu_platform.py"
+
+
+# With config `floor.bracket`: did the machine's speed move while each deployment's loaded runs
+# were measured? Its floor before them against its floor after them, on the same traces.
+rule floor_drift:
+    input:
+        floor_run_json=floor_run_files("run.json"),
+        floor_requests=floor_run_files("requests.parquet"),
+        floor_after_run_json=floor_run_files("run.json", "floor_after"),
+        floor_after_requests=floor_run_files("requests.parquet", "floor_after"),
+        floor_traces=floor_trace_files("trace"),
+        floor_after_traces=floor_trace_files("trace"),
+    output:
+        drift="results/sim_vs_real/floor_drift.json",
+    log:
+        "results/logs/sim_vs_real/floor_drift.log",
+    conda:
+        "../../environment.yml"
+    params:
+        before=floor_runs_read("floor"),
+        after=floor_runs_read("floor_after"),
+        band=FLOOR_BRACKET_BAND,
+    message:
+        "each deployment's floor before its loaded runs against its floor after them -> "
+        "{output.drift}"
+    script:
+        "../scripts/floor_drift.py"
 
 
 rule predict_run:
@@ -62,6 +89,7 @@ rule sim_vs_real:
         predicted_requests=predicted_files("requests.parquet"),
         predicted_run_json=predicted_files("run.json"),
         predicted_scrape=predicted_files("scrape.parquet"),
+        floor_drift=([rules.floor_drift.output.drift] if FLOOR_BRACKET_BAND is not None else []),
     output:
         csv="results/sim_vs_real.csv",
         summary="results/sim_vs_real.json",

@@ -256,9 +256,14 @@ def _fmt(value: float) -> str:
 
 
 def compare_runs(
-    pairs: Sequence[RunPair], *, keeps_pace: float = AnalysisSettings.keeps_pace
+    pairs: Sequence[RunPair],
+    *,
+    keeps_pace: float = AnalysisSettings.keeps_pace,
+    floor_drift: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
-    """(CSV rows, summary with saturation and goals, waiting-series rows) of the paired runs."""
+    """(CSV rows, summary with saturation and goals, waiting-series rows) of the paired runs;
+    with `floor_drift` (the bracket's record, results/sim_vs_real/floor_drift.json), the summary
+    judges only the deployments whose floors before and after their loaded runs agree."""
     groups: dict[tuple[str, str, str], list[RunPair]] = {}
     for pair in pairs:
         groups.setdefault((pair.engine, pair.arm, pair.condition), []).append(pair)
@@ -326,7 +331,36 @@ def compare_runs(
                         "waiting_predicted": predicted_series.get(t, math.nan),
                     }
                 )
-    return rows, _summary(rows, keeps_pace), waiting_rows
+    summary = _summary(rows, keeps_pace)
+    if floor_drift is not None:
+        _judge(summary, floor_drift)
+    return rows, summary, waiting_rows
+
+
+def _judge(summary: dict[str, Any], floor_drift: Mapping[str, Any]) -> None:
+    """The bracket's verdict on each series: a deployment whose floors before and after its
+    loaded runs disagree by more than the band (or were not both made) was measured while the
+    machine's speed moved. Its checks stay in the summary, and `bracket` counts the goal over
+    the judged deployments only, naming the refused ones."""
+    drifts = floor_drift["deployments"]
+    judged: list[dict[str, Any]] = []
+    refused: list[str] = []
+    for series in summary["series"]:
+        name = f"{series['engine']}/{series['arm']}"
+        floors = drifts.get(name) or {"pairs": 0, "ttft_ratio": None, "itl_ratio": None}
+        series["floors"] = {k: floors.get(k) for k in ("pairs", "ttft_ratio", "itl_ratio")}
+        series["judged"] = bool(floors.get("agrees", False))
+        if series["judged"]:
+            judged.append(series)
+        else:
+            refused.append(name)
+    summary["bracket"] = {
+        "band": floor_drift["band"],
+        "judged": [f"{s['engine']}/{s['arm']}" for s in judged],
+        "refused": refused,
+        "met": sum(s["met"] + s["saturation_met"] for s in judged),
+        "checked": sum(s["checked"] + 1 for s in judged),
+    }
 
 
 def _summary(rows: Sequence[Mapping[str, Any]], keeps_pace: float) -> dict[str, Any]:
@@ -400,9 +434,10 @@ def write_sim_vs_real(
     out_waiting: str | Path,
     out_figure: str | Path | None = None,
     keeps_pace: float = AnalysisSettings.keeps_pace,
+    floor_drift: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write the files (atomically, deterministic bytes); return the summary."""
-    rows, summary, waiting = compare_runs(pairs, keeps_pace=keeps_pace)
+    rows, summary, waiting = compare_runs(pairs, keeps_pace=keeps_pace, floor_drift=floor_drift)
     if out_figure is not None:
         draw_sim_vs_real(rows, out_figure)
     columns = [

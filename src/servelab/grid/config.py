@@ -55,6 +55,7 @@ __all__ = [
     "deployments",
     "drop_removed_engines",
     "floor_blocks",
+    "floor_bracket_band",
     "floor_idle_gaps",
     "floor_run_config",
     "floor_settings",
@@ -803,6 +804,8 @@ def offered_load(condition: Condition, workload: Mapping[str, Any]) -> float:
 
 # Defaults of config `floor:` (docs/capacity.md, "The unloaded floor").
 FLOOR_DEFAULTS = {"requests": 50, "repetitions": 1}
+# The bracket's default agreement band: the goal's X band (docs/simulator.md).
+FLOOR_BRACKET_BAND = 0.05
 
 
 @dataclass(frozen=True)
@@ -875,6 +878,18 @@ def floor_idle_gaps(config: Mapping[str, Any]) -> dict[str, Any] | None:
     if not given:
         return None
     return {"every": int(given["every"]), "seconds": [float(x) for x in given["seconds"]]}
+
+
+def floor_bracket_band(config: Mapping[str, Any]) -> float | None:
+    """Config `floor.bracket.band`, or None when the floor does not bracket the loaded runs.
+    With a bracket, each deployment's floor is made just before its loaded runs and again just
+    after them, on the same traces; a deployment whose two floors disagree by more than the band
+    was measured while the machine's speed moved, and the comparison does not judge it
+    (servelab.sim.cpu_fit.floor_drift; docs/simulator.md, "The bracketing floor")."""
+    given = (config.get("floor") or {}).get("bracket")
+    if not given:
+        return None
+    return float(given.get("band", FLOOR_BRACKET_BAND))
 
 
 def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:

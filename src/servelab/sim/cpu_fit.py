@@ -66,6 +66,8 @@ __all__ = [
     "WarmupRows",
     "fit_after_idle",
     "fit_step_cost",
+    "floor_drift",
+    "floor_medians",
     "floor_noise",
     "floor_passes",
     "floor_rows",
@@ -74,6 +76,7 @@ __all__ = [
     "prediction_settings",
     "read_step_costs",
     "write_cpu_platform",
+    "write_floor_drift",
 ]
 
 
@@ -621,23 +624,7 @@ def write_cpu_platform(
             "simulated engine, which needs the model's preset (tiny-llama3-2x64-hd32 for the "
             "shared tiny model)"
         )
-    every = [
-        FloorRun(
-            run_dir=Path(r["run_dir"]),
-            trace_dir=Path(r["trace_dir"]),
-            engine=str(r["engine"]),
-            arm=str(r["arm"]),
-            flags=tuple(str(f) for f in r["flags"]),
-        )
-        for r in floor_runs
-    ]
-    # A floor run that is not `ok` (refused for its machine load, failed) is no measurement.
-    status = {
-        r.run_dir: json.loads((r.run_dir / "run.json").read_text(encoding="utf-8"))["status"]
-        for r in every
-    }
-    runs = [r for r in every if status[r.run_dir] == "ok"]
-    skipped = sorted(str(r.run_dir) for r in every if status[r.run_dir] != "ok")
+    runs, skipped = _ok_floor_runs(floor_runs)
     engines: dict[str, Any] = {}
     for engine in sorted({r.engine for r in runs}):
         cost, report = fit_step_cost(
@@ -651,6 +638,27 @@ def write_cpu_platform(
     record = {"model_preset": model_preset, "engines": engines, "skipped_runs": skipped}
     write_json(out_path, record)
     return record
+
+
+def _ok_floor_runs(floor_runs: Sequence[Mapping[str, Any]]) -> tuple[list[FloorRun], list[str]]:
+    """(the floor runs whose run.json says `ok`, the folders of the others, sorted). A floor run
+    that is not `ok` (refused for its machine load, failed) is no measurement."""
+    every = [
+        FloorRun(
+            run_dir=Path(r["run_dir"]),
+            trace_dir=Path(r["trace_dir"]),
+            engine=str(r["engine"]),
+            arm=str(r["arm"]),
+            flags=tuple(str(f) for f in r["flags"]),
+        )
+        for r in floor_runs
+    ]
+    status = {
+        r.run_dir: json.loads((r.run_dir / "run.json").read_text(encoding="utf-8"))["status"]
+        for r in every
+    }
+    runs = [r for r in every if status[r.run_dir] == "ok"]
+    return runs, sorted(str(r.run_dir) for r in every if status[r.run_dir] != "ok")
 
 
 def floor_medians(run: FloorRun) -> tuple[float, float] | None:
@@ -702,6 +710,34 @@ def floor_drift(
             "agrees": abs(ttft) <= band and abs(itl) <= band,
         }
     return out
+
+
+def write_floor_drift(
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    *,
+    band: float,
+    out_path: str | Path,
+) -> dict[str, Any]:
+    """The bracket (config `floor.bracket`): each deployment's floor made before its loaded runs
+    against the same floor made after them (`floor_drift`, the band given as a fraction: 0.05 is
+    ±5%), written with the runs left out for not being `ok`. A deployment of `before` with no
+    `ok` pair in `after` is listed with `agrees` false: nothing shows its machine held still."""
+    if not 0 < band < 1:
+        raise ValueError(f"config key floor.bracket.band: {band} is not a fraction in (0, 1)")
+    first, skipped_before = _ok_floor_runs(before)
+    then, skipped_after = _ok_floor_runs(after)
+    drift = floor_drift(first, then, band=math.log1p(band))
+    deployments = {f"{r['engine']}/{r['arm']}" for r in (*before, *after)}
+    for deployment in sorted(deployments - set(drift)):
+        drift[deployment] = {"pairs": 0, "ttft_ratio": None, "itl_ratio": None, "agrees": False}
+    record = {
+        "band": band,
+        "deployments": dict(sorted(drift.items())),
+        "skipped_runs": sorted([*skipped_before, *skipped_after]),
+    }
+    write_json(out_path, record)
+    return record
 
 
 def floor_noise(runs: Sequence[FloorRun]) -> dict[str, Any]:
