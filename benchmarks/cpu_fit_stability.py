@@ -48,10 +48,11 @@ DECODE_SEQS, DECODE_CONTEXT = 4, 1100
 PREFILL_TOKENS, PREFILL_PREFIX = 512, 512
 
 
-def floor_runs(results: Path) -> list[FloorRun]:
-    """Every `ok` floor run under results/floor, with its trace folder and its deployment's flags."""
+def floor_runs(results: Path, folder: str = "floor") -> list[FloorRun]:
+    """Every `ok` floor run under results/floor (or results/FOLDER: floor-after, the bracket's
+    floor after the loaded runs), with its trace folder and its deployment's flags."""
     runs = []
-    for run_json in sorted((results / "floor").glob("*/runs/*/*/*/rep*/run.json")):
+    for run_json in sorted((results / folder).glob("*/runs/*/*/*/rep*/run.json")):
         record = json.loads(run_json.read_text(encoding="utf-8"))
         if record["status"] != "ok":
             continue

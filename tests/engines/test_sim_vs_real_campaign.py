@@ -40,6 +40,7 @@ conditions:
 floor:
   requests: 8
   repetitions: 1
+  bracket: {max_noise: null}  # one repetition has no spread: the drift alone is the verdict
   shapes:
     - {sharing: 0.0, prompt_tokens: 512}
 """
@@ -139,6 +140,7 @@ def test_the_bracket_sets_each_deployments_floors_side_by_side(campaign: Path) -
     bracket = json.loads((results / "sim_vs_real.json").read_text())["bracket"]
     assert set(bracket["judged"]) | set(bracket["refused"]) == deployments
     assert set(bracket["judged"]) == {d for d, e in drift["deployments"].items() if e["agrees"]}
+    assert all(e["quiet"] is None for e in drift["deployments"].values())  # no bar
 
 
 def _block_times(root: Path, arm: str, engine: str) -> list[int]:

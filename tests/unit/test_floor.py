@@ -21,6 +21,8 @@ from servelab.grid.config import (
     ConfigError,
     FloorShape,
     floor_blocks,
+    floor_bracket_band,
+    floor_bracket_max_noise,
     floor_idle_gaps,
     floor_run_config,
     floor_settings,
@@ -513,3 +515,16 @@ def test_floor_idle_gaps_are_validated_before_any_job_with_their_key_named() -> 
     for bad in ({"every": 6}, {"every": 0, "seconds": [1.0]}, {"every": 2, "seconds": [0.0]}):
         with pytest.raises(ConfigError, match=r"floor\.idle_gaps"):
             prepare_config({**config, "floor": {"idle_gaps": bad}})
+
+
+def test_the_bracket_reads_its_band_and_bar_and_a_bar_needs_repeated_floors() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    assert floor_bracket_band(config) is None and floor_bracket_max_noise(config) is None
+    on = {**config, "floor": {"repetitions": 2, "bracket": {"max_noise": 0.045}}}
+    prepare_config(on)
+    assert floor_bracket_band(on) == 0.05 and floor_bracket_max_noise(on) == 0.045
+    assert floor_bracket_band({**config, "floor": {"bracket": None}}) is None
+    once = {**config, "floor": {"repetitions": 1, "bracket": {"band": 0.1, "max_noise": 0.045}}}
+    with pytest.raises(ConfigError, match=r"floor\.bracket\.max_noise: .* floor\.repetitions is 1"):
+        prepare_config(once)
+    prepare_config({**config, "floor": {"repetitions": 1, "bracket": {"max_noise": None}}})

@@ -134,11 +134,48 @@ def test_the_bracket_record_leaves_out_runs_not_ok_and_refuses_a_deployment_with
     defaults = record["deployments"]["llamacpp/defaults"]
     assert defaults["pairs"] == 1 and defaults["ttft_ratio"] == pytest.approx(1.04, abs=1e-3)
     assert defaults["agrees"] is True  # 4% is within ±5%
+    assert defaults["quiet"] is None and defaults["judged"] is True  # no bar: the drift decides
     assert record["deployments"]["llamacpp/matched"] == {
         "pairs": 0,
         "ttft_ratio": None,
         "itl_ratio": None,
         "agrees": False,
+        "quiet": None,
+        "judged": False,
     }
     with pytest.raises(ValueError, match=r"floor\.bracket\.band"):
         write_floor_drift([], [], band=5.0, out_path=out)
+
+
+def test_with_the_quiet_floor_bar_an_engine_whose_floor_spreads_is_not_judged(
+    tmp_path: Path,
+) -> None:
+    shape = "floor-s0.00-L512"
+    before, after = [], []
+    for engine, spread in (("llamacpp", 1.02), ("vllm_v1", 1.2)):
+        for arm in ("defaults", "matched"):
+            for rep, f in (("rep1", 1.0), ("rep2", spread)):
+                # one arm's repetitions spread, the other's do not: the fit pools both
+                f = f if arm == "matched" else 1.0
+                before.append(floor_run(tmp_path / "b", arm, shape, rep, 0.02 * f, 0.002, engine))
+                after.append(floor_run(tmp_path / "a", arm, shape, rep, 0.02 * f, 0.002, engine))
+    for run in (*before, *after):
+        (run.run_dir / "run.json").write_text(json.dumps({"status": "ok"}))
+    record = write_floor_drift(
+        [as_config(r) for r in before],
+        [as_config(r) for r in after],
+        band=0.05,
+        max_noise=0.045,
+        out_path=tmp_path / "floor_drift.json",
+    )
+    assert record["max_noise"] == 0.045
+    verdicts = record["deployments"]
+    assert all(v["agrees"] for v in verdicts.values())  # the same floors, made twice
+    # llama.cpp matched's repetitions 2% apart: sd of ln over its two groups, pooled, 0.010
+    assert verdicts["llamacpp/defaults"]["noise"]["ttft_ln_sd"] == pytest.approx(0.010, abs=1e-3)
+    assert verdicts["llamacpp/defaults"]["quiet"] and verdicts["llamacpp/defaults"]["judged"]
+    # vLLM matched's 20% apart, pooled with its defaults' 0: 0.091, over the bar for both arms
+    for arm in ("defaults", "matched"):
+        entry = verdicts[f"vllm_v1/{arm}"]
+        assert entry["noise"]["ttft_ln_sd"] == pytest.approx(0.091, abs=1e-3)
+        assert entry["quiet"] is False and entry["judged"] is False

@@ -299,14 +299,17 @@ def test_a_step_written_slot_by_slot_is_one_iteration(tmp_path: Path) -> None:
     assert starts == pytest.approx([0.010 * i for i in range(6)])
 
 
-def test_the_bracket_judges_only_a_deployment_whose_floors_agree(tmp_path: Path) -> None:
+def test_the_bracket_judges_only_the_deployments_its_record_judges(tmp_path: Path) -> None:
     made = pairs(tmp_path)
     made += [dataclasses.replace(p, arm="matched") for p in made]  # the same runs, another arm
+    # matched's floors agree, but its engine's floor was noisier than the bar: not judged
+    agreed = {"pairs": 8, "ttft_ratio": 1.02, "itl_ratio": 0.99, "agrees": True}
     drift = {
         "band": 0.05,
+        "max_noise": 0.045,
         "deployments": {
-            "vllm_v1/defaults": {"pairs": 8, "ttft_ratio": 1.02, "itl_ratio": 0.99, "agrees": True},
-            "vllm_v1/matched": {"pairs": 8, "ttft_ratio": 1.21, "itl_ratio": 1.17, "agrees": False},
+            "vllm_v1/defaults": {**agreed, "quiet": True, "judged": True},
+            "vllm_v1/matched": {**agreed, "quiet": False, "judged": False},
         },
     }
     _rows, plain, _waiting = compare_runs(made)
@@ -314,19 +317,28 @@ def test_the_bracket_judges_only_a_deployment_whose_floors_agree(tmp_path: Path)
     assert "bracket" not in plain and "judged" not in plain["series"][0]
     by_arm = {s["arm"]: s for s in summary["series"]}
     assert by_arm["defaults"]["judged"] is True and by_arm["matched"]["judged"] is False
-    assert by_arm["matched"]["floors"] == {"pairs": 8, "ttft_ratio": 1.21, "itl_ratio": 1.17}
+    assert by_arm["matched"]["floors"] == {
+        "pairs": 8,
+        "ttft_ratio": 1.02,
+        "itl_ratio": 0.99,
+        "agrees": True,
+        "quiet": False,
+    }
     # the refused deployment's checks are kept, but the goal counts the judged one alone
     assert by_arm["matched"]["checks"] == by_arm["defaults"]["checks"]
     judged = by_arm["defaults"]
     assert summary["bracket"] == {
         "band": 0.05,
+        "max_noise": 0.045,
         "judged": ["vllm_v1/defaults"],
         "refused": ["vllm_v1/matched"],
         "met": judged["met"] + judged["saturation_met"],
         "checked": judged["checked"] + 1,
     }
     # a deployment the bracket has no record of (its floor after was never made) is refused
-    drift["deployments"].pop("vllm_v1/matched")
+    drift["deployments"]["vllm_v1/matched"]["judged"] = True
+    drift["deployments"].pop("vllm_v1/defaults")
     _rows, summary, _waiting = compare_runs(made, floor_drift=drift)
-    assert summary["bracket"]["refused"] == ["vllm_v1/matched"]
-    assert summary["series"][1]["floors"]["pairs"] == 0
+    assert summary["bracket"]["refused"] == ["vllm_v1/defaults"]
+    assert summary["bracket"]["judged"] == ["vllm_v1/matched"]
+    assert by_arm["defaults"]["floors"]["pairs"] == 8

@@ -171,8 +171,10 @@ def is_run(arm, engine, condition, rep):
 
 # A block is every repetition of one unit of work, measured by one job (servelab.campaign.blocks):
 # the campaign's (arm, engine, condition) under results/runs/, or a deployment's unloaded floor on
-# one request shape under results/floor/{deployment}/runs/ (FLOOR_DIR). One family of helpers,
-# parametrised by the kind ("run" or "floor"), serves the run and floor_run rules.
+# one request shape under results/floor/{deployment}/runs/ (FLOOR_DIR), or with config
+# `floor.bracket` the same floor made again after the deployment's loaded runs (FLOOR_AFTER_DIR).
+# One family of helpers, parametrised by the kind ("run", "floor" or "floor_after"), serves the
+# run, floor_run and floor_after_run rules.
 BLOCK_DIRS = {
     "run": "results/runs/{arm}/{engine}/{condition}",
     "floor": FLOOR_DIR,
@@ -280,7 +282,8 @@ def block_resolved_config(kind):
 
 def block_priority(kind):
     """Earlier deployments first (a floor with its deployment's own runs, so it is measured while
-    that deployment is up); traces (priority 1000) before any block."""
+    that deployment is up; with config `floor.bracket`, its floor after them too, ahead of the
+    next deployment's floor); traces (priority 1000) before any block."""
 
     def priority(wildcards):
         return 100 - DEPLOYMENT_RANK[block_of(kind, wildcards)[0].id]
@@ -654,11 +657,11 @@ def deployment_blocks(kind):
 
 def floor_runs_read(kind):
     """Every floor run of `kind` as the fit and the bracket read it: its folder, its trace's
-    folder (of the rule's inputs, in floor_run_files order) and its deployment."""
+    folder (of the rule's inputs, in floor_run_files order: both kinds run the same traces) and
+    its deployment."""
 
     def runs(wildcards, input):
         run_json = getattr(input, f"{kind}_run_json")
-        traces = getattr(input, f"{kind}_traces")
         return [
             {
                 "run_dir": str(Path(path).parent),
@@ -670,7 +673,7 @@ def floor_runs_read(kind):
             for (block, rep), path, trace in zip(
                 [(block, rep) for block in FLOOR_BLOCKS.values() for rep in FLOOR_REPS],
                 run_json,
-                traces,
+                input.floor_traces,
                 strict=True,
             )
         ]

@@ -35,7 +35,6 @@ rule floor_drift:
         floor_after_run_json=floor_run_files("run.json", "floor_after"),
         floor_after_requests=floor_run_files("requests.parquet", "floor_after"),
         floor_traces=floor_trace_files("trace"),
-        floor_after_traces=floor_trace_files("trace"),
     output:
         drift="results/sim_vs_real/floor_drift.json",
     log:
@@ -46,6 +45,7 @@ rule floor_drift:
         before=floor_runs_read("floor"),
         after=floor_runs_read("floor_after"),
         band=FLOOR_BRACKET_BAND,
+        max_noise=grid.floor_bracket_max_noise(config),
     message:
         "each deployment's floor before its loaded runs against its floor after them -> "
         "{output.drift}"

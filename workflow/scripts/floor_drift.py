@@ -8,5 +8,6 @@ with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
         list(snakemake.params.before),
         list(snakemake.params.after),
         band=float(snakemake.params.band),
+        max_noise=snakemake.params.max_noise,
         out_path=snakemake.output.drift,
     )

@@ -339,23 +339,27 @@ def compare_runs(
 
 def _judge(summary: dict[str, Any], floor_drift: Mapping[str, Any]) -> None:
     """The bracket's verdict on each series: a deployment whose floors before and after its
-    loaded runs disagree by more than the band (or were not both made) was measured while the
-    machine's speed moved. Its checks stay in the summary, and `bracket` counts the goal over
-    the judged deployments only, naming the refused ones."""
+    loaded runs disagree by more than the band (or were not both made), or whose engine's floor
+    was noisier than the quiet-floor bar, was not measured on a machine that held still. Its
+    checks stay in the summary, and `bracket` counts the goal over the judged deployments only,
+    naming the refused ones."""
     drifts = floor_drift["deployments"]
     judged: list[dict[str, Any]] = []
     refused: list[str] = []
     for series in summary["series"]:
         name = f"{series['engine']}/{series['arm']}"
-        floors = drifts.get(name) or {"pairs": 0, "ttft_ratio": None, "itl_ratio": None}
-        series["floors"] = {k: floors.get(k) for k in ("pairs", "ttft_ratio", "itl_ratio")}
-        series["judged"] = bool(floors.get("agrees", False))
+        floors = drifts.get(name) or {"pairs": 0}
+        series["floors"] = {
+            k: floors.get(k) for k in ("pairs", "ttft_ratio", "itl_ratio", "agrees", "quiet")
+        }
+        series["judged"] = bool(floors.get("judged", False))
         if series["judged"]:
             judged.append(series)
         else:
             refused.append(name)
     summary["bracket"] = {
         "band": floor_drift["band"],
+        "max_noise": floor_drift.get("max_noise"),
         "judged": [f"{s['engine']}/{s['arm']}" for s in judged],
         "refused": refused,
         "met": sum(s["met"] + s["saturation_met"] for s in judged),

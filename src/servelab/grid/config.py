@@ -56,6 +56,7 @@ __all__ = [
     "drop_removed_engines",
     "floor_blocks",
     "floor_bracket_band",
+    "floor_bracket_max_noise",
     "floor_idle_gaps",
     "floor_run_config",
     "floor_settings",
@@ -226,6 +227,7 @@ def _check_references(config: Mapping[str, Any]) -> None:
         *_check_client(config),
         *_check_engines(config),
         *_check_floor_engines(config),
+        *_check_floor_bracket(config),
         *_check_table_conditions(config, seen),
         *_check_simulated_needs_preset(config),
     ]
@@ -342,6 +344,17 @@ def _check_floor_engines(config: Mapping[str, Any]) -> list[str]:
         for key in ("warmup_requests_by_engine", "warmup_spacing_s_by_engine")
         for engine in floor.get(key) or {}
         if engine not in config["engines"]
+    ]
+
+
+def _check_floor_bracket(config: Mapping[str, Any]) -> list[str]:
+    """A quiet-floor bar (`floor.bracket.max_noise`) needs repeated floors: the floor's noise is
+    the spread of its repetitions."""
+    if floor_bracket_max_noise(config) is None or floor_settings(config)["repetitions"] >= 2:
+        return []
+    return [
+        "config key floor.bracket.max_noise: the floor's noise is the spread of repeated "
+        "floors, and floor.repetitions is 1 (set it to 2 or more, or max_noise to null)"
     ]
 
 
@@ -878,6 +891,12 @@ def floor_idle_gaps(config: Mapping[str, Any]) -> dict[str, Any] | None:
     if not given:
         return None
     return {"every": int(given["every"]), "seconds": [float(x) for x in given["seconds"]]}
+
+
+def floor_bracket_max_noise(config: Mapping[str, Any]) -> float | None:
+    """Config `floor.bracket.max_noise` (the quiet-floor bar), or None: no bar."""
+    given = (config.get("floor") or {}).get("bracket") or {}
+    return None if given.get("max_noise") is None else float(given["max_noise"])
 
 
 def floor_bracket_band(config: Mapping[str, Any]) -> float | None:

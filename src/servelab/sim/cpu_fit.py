@@ -66,6 +66,7 @@ __all__ = [
     "WarmupRows",
     "fit_after_idle",
     "fit_step_cost",
+    "floor_bracket",
     "floor_drift",
     "floor_medians",
     "floor_noise",
@@ -712,30 +713,66 @@ def floor_drift(
     return out
 
 
+def floor_bracket(
+    before: Sequence[FloorRun],
+    after: Sequence[FloorRun],
+    *,
+    band: float,
+    max_noise: float | None = None,
+    deployments: Iterable[str] = (),
+) -> dict[str, Any]:
+    """The bracket's verdict per deployment (ENGINE/ARM): `floor_drift` of its floor made before
+    its loaded runs against the same floor made after them (`band` a fraction: 0.05 is ±5%). A
+    deployment of `deployments` with no pair is listed with `agrees` false: nothing shows its
+    machine held still.
+
+    With `max_noise` (the quiet-floor bar), each deployment also carries its engine's `noise`
+    (`floor_noise` of the floor before, both arms: the fit pools them, so one arm's noisy floor
+    moves the other's predictions) and `quiet`: both sd at most the bar. A deployment is `judged`
+    when it agrees and, with a bar, is quiet."""
+    if not 0 < band < 1:
+        raise ValueError(f"config key floor.bracket.band: {band} is not a fraction in (0, 1)")
+    drift = floor_drift(before, after, band=math.log1p(band))
+    named = set(deployments) | {f"{r.engine}/{r.arm}" for r in (*before, *after)}
+    for deployment in named - set(drift):
+        drift[deployment] = {"pairs": 0, "ttft_ratio": None, "itl_ratio": None, "agrees": False}
+    noise = {
+        engine: floor_noise([r for r in before if r.engine == engine])
+        for engine in {d.split("/")[0] for d in drift}
+    }
+    for deployment, entry in drift.items():
+        quiet = None
+        if max_noise is not None:
+            sd = noise[deployment.split("/")[0]]
+            both = (sd["ttft_ln_sd"], sd["itl_ln_sd"])
+            quiet = all(x is not None and x <= max_noise for x in both)
+            entry["noise"] = {"ttft_ln_sd": both[0], "itl_ln_sd": both[1]}
+        entry["quiet"] = quiet
+        entry["judged"] = bool(entry["agrees"]) and quiet is not False
+    return {"band": band, "max_noise": max_noise, "deployments": dict(sorted(drift.items()))}
+
+
 def write_floor_drift(
     before: Sequence[Mapping[str, Any]],
     after: Sequence[Mapping[str, Any]],
     *,
     band: float,
+    max_noise: float | None = None,
     out_path: str | Path,
 ) -> dict[str, Any]:
-    """The bracket (config `floor.bracket`): each deployment's floor made before its loaded runs
-    against the same floor made after them (`floor_drift`, the band given as a fraction: 0.05 is
-    ±5%), written with the runs left out for not being `ok`. A deployment of `before` with no
-    `ok` pair in `after` is listed with `agrees` false: nothing shows its machine held still."""
-    if not 0 < band < 1:
-        raise ValueError(f"config key floor.bracket.band: {band} is not a fraction in (0, 1)")
+    """The bracket's record (config `floor.bracket`; `floor_bracket`) of the workflow's floor
+    runs, written with the runs left out for not being `ok`: a deployment whose runs were all
+    refused is still listed, and not judged."""
     first, skipped_before = _ok_floor_runs(before)
     then, skipped_after = _ok_floor_runs(after)
-    drift = floor_drift(first, then, band=math.log1p(band))
-    deployments = {f"{r['engine']}/{r['arm']}" for r in (*before, *after)}
-    for deployment in sorted(deployments - set(drift)):
-        drift[deployment] = {"pairs": 0, "ttft_ratio": None, "itl_ratio": None, "agrees": False}
-    record = {
-        "band": band,
-        "deployments": dict(sorted(drift.items())),
-        "skipped_runs": sorted([*skipped_before, *skipped_after]),
-    }
+    record = floor_bracket(
+        first,
+        then,
+        band=band,
+        max_noise=max_noise,
+        deployments=[f"{r['engine']}/{r['arm']}" for r in (*before, *after)],
+    )
+    record["skipped_runs"] = sorted([*skipped_before, *skipped_after])
     write_json(out_path, record)
     return record
 
