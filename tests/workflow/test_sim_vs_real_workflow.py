@@ -123,19 +123,19 @@ def test_every_condition_of_the_comparison_offers_twelve_graphs_a_repetition() -
     assert offered and all(graphs >= 12 for graphs in offered.values()), offered
 
 
-def test_the_cpu_pair_runs_on_the_sim_backend_with_a_fitted_platform(tmp_path: Path) -> None:
+def on_the_sim_backend(tmp_path: Path, target: str, overlays: tuple[str, ...], short: str) -> None:
+    """Make `target` in a scratch folder: the CPU pair on the sim backend with its fitted
+    platform (config/cpu-pair-sim.yaml), then `overlays`, then `short` (YAML) last."""
     shutil.copytree(REPO / "config", tmp_path / "config")
-    short = {"repetitions": 1, "dispatch": {"warmup_requests": 1}}
-    (tmp_path / "config" / "short.yaml").write_text(yaml.safe_dump(short))
-    done = snakemake(
-        "results/table5.csv",
-        "--configfile",
-        "config/cpu-pair.yaml",
-        "config/cpu-pair-sim.yaml",
-        "config/short.yaml",
-        cwd=tmp_path,
-    )
+    (tmp_path / "config" / "short.yaml").write_text(short)
+    configs = ("config/cpu-pair.yaml", "config/cpu-pair-sim.yaml", *overlays, "config/short.yaml")
+    done = snakemake(target, "--configfile", *configs, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+def test_the_cpu_pair_runs_on_the_sim_backend_with_a_fitted_platform(tmp_path: Path) -> None:
+    short = {"repetitions": 1, "dispatch": {"warmup_requests": 1}}
+    on_the_sim_backend(tmp_path, "results/table5.csv", (), yaml.safe_dump(short))
     with (tmp_path / "results" / "table5.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert rows, "Table 5 is empty"
@@ -166,18 +166,9 @@ floor:
 def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_turn(
     tmp_path: Path,
 ) -> None:
-    shutil.copytree(REPO / "config", tmp_path / "config")
-    (tmp_path / "config" / "short.yaml").write_text(SHORT_BRACKET)
-    done = snakemake(
-        "results/sim_vs_real.csv",
-        "--configfile",
-        "config/cpu-pair.yaml",
-        "config/cpu-pair-sim.yaml",
-        "config/sim-vs-real.yaml",
-        "config/short.yaml",
-        cwd=tmp_path,
+    on_the_sim_backend(
+        tmp_path, "results/sim_vs_real.csv", ("config/sim-vs-real.yaml",), SHORT_BRACKET
     )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     results = tmp_path / "results"
     # every block, in the order its block.json was written: deployment by deployment, the floor
     # before, then the loaded runs, then the floor after

@@ -263,7 +263,8 @@ def compare_runs(
 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     """(CSV rows, summary with saturation and goals, waiting-series rows) of the paired runs;
     with `floor_drift` (the bracket's record, results/sim_vs_real/floor_drift.json), the summary
-    judges only the deployments whose floors before and after their loaded runs agree."""
+    judges only the deployments the record judges: floors before and after their loaded runs
+    that agree and, with a quiet-floor bar, a quiet floor."""
     groups: dict[tuple[str, str, str], list[RunPair]] = {}
     for pair in pairs:
         groups.setdefault((pair.engine, pair.arm, pair.condition), []).append(pair)
