@@ -133,9 +133,9 @@ def test_the_bracket_sets_each_deployments_floors_side_by_side(campaign: Path) -
         )
     for arm in ARMS:
         for engine in ("vllm_v1", "llamacpp"):
-            before = max(_block_times(results / "floor", arm, engine))
-            loaded = _block_times(results, arm, engine)
-            after = min(_block_times(results / "floor-after", arm, engine))
+            before = max(_block_times(results, "floor/*/runs", arm, engine))
+            loaded = _block_times(results, "runs", arm, engine)
+            after = min(_block_times(results, "floor-after/*/runs", arm, engine))
             assert before < min(loaded) and max(loaded) < after, (arm, engine)
     bracket = json.loads((results / "sim_vs_real.json").read_text())["bracket"]
     assert set(bracket["judged"]) | set(bracket["refused"]) == deployments
@@ -143,15 +143,11 @@ def test_the_bracket_sets_each_deployments_floors_side_by_side(campaign: Path) -
     assert all(e["quiet"] is None for e in drift["deployments"].values())  # no bar
 
 
-def _block_times(root: Path, arm: str, engine: str) -> list[int]:
-    """When each block of one deployment under `root` (results/, or a floor root) was written."""
-    pattern = (
-        f"runs/{arm}/{engine}/*/block.json"
-        if root.name == "results"
-        else f"*/runs/{arm}/{engine}/*/block.json"
-    )
-    times = [p.stat().st_mtime_ns for p in root.glob(pattern)]
-    assert times, f"no block of {arm}/{engine} under {root}"
+def _block_times(results: Path, blocks: str, arm: str, engine: str) -> list[int]:
+    """When each block of one deployment under results/BLOCKS (runs, floor/*/runs or
+    floor-after/*/runs) was written."""
+    times = [p.stat().st_mtime_ns for p in results.glob(f"{blocks}/{arm}/{engine}/*/block.json")]
+    assert times, f"no block of {arm}/{engine} under {results}/{blocks}"
     return times
 
 

@@ -904,7 +904,7 @@ def floor_bracket_band(config: Mapping[str, Any]) -> float | None:
     With a bracket, each deployment's floor is made just before its loaded runs and again just
     after them, on the same traces; a deployment whose two floors disagree by more than the band
     was measured while the machine's speed moved, and the comparison does not judge it
-    (servelab.sim.cpu_fit.floor_drift; docs/simulator.md, "The bracketing floor")."""
+    (servelab.sim.cpu_fit.floor_bracket; docs/simulator.md, "The bracketing floor")."""
     given = (config.get("floor") or {}).get("bracket")
     if not given:
         return None
