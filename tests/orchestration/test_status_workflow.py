@@ -134,8 +134,11 @@ def test_a_redone_run_is_measured_again_and_only_it(workdir) -> None:
     folder = workdir.path / "results" / "redone" / runs[0] / "001"
     assert (folder / "run.json").read_bytes() == old
     assert json.loads((folder / "reason.json").read_text())["why"] == "suspect the engine"
+    # the targets it prints are what the workflow must be asked for
+    (targets,) = [line for line in redo.stdout.splitlines() if line.startswith("targets: ")]
+    assert targets.split()[1:] == [run_json(runs[0])]
 
-    result = workdir.snakemake(*map(run_json, runs))
+    result = workdir.snakemake(*targets.split()[1:], run_json(runs[1]))
     assert result.returncode == 0, result.stdout + result.stderr
     assert (workdir.run_dir(runs[0]) / "run.json").is_file()
     assert sibling.stat().st_ino == sibling_inode  # republished, not measured again

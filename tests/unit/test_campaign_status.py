@@ -371,6 +371,8 @@ def test_redo_moves_the_measurement_aside_with_its_reason_and_deletes_nothing(
     (redone,) = redo_runs(small, results, [run_id], "the node ran hot")
     folder = results / "redone" / run_id / "001"
     assert redone.folder == folder
+    assert redone.target == results / "runs" / run_id / "run.json"  # the run's own, now missing
+    assert not redone.target.exists()
     after = {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     reason = json.loads(after.pop("reason.json"))
     assert after == before  # every byte kept, under the same names

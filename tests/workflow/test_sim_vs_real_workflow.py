@@ -192,3 +192,27 @@ def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_
     assert all(d["quiet"] and d["judged"] for d in drift["deployments"].values()), drift
     summary = json.loads((results / "sim_vs_real.json").read_text())
     assert len(summary["bracket"]["judged"]) == 4 and summary["bracket"]["refused"] == []
+
+    # A refused deployment made again as docs/simulator.md says ("The bracketing floor"): its
+    # folders moved aside, then the target with one of its runs named.
+    deployment = next(p.parent.name for p in results.glob("floor-after/matched-llamacpp-*/runs"))
+    aside = tmp_path / "aside"
+    for folder in (f"floor/{deployment}", f"floor-after/{deployment}", "runs/matched/llamacpp"):
+        (aside / folder).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(results / folder, aside / folder)
+    configs = ("--configfile", "config/cpu-pair.yaml", "config/cpu-pair-sim.yaml")
+    configs += ("config/sim-vs-real.yaml", "config/short.yaml")
+    # the target alone: Snakemake does not re-make a missing file the present target needs
+    alone = snakemake("-n", "results/sim_vs_real.csv", *configs, cwd=tmp_path)
+    assert alone.returncode == 0 and "Nothing to be done" in alone.stdout, alone.stdout[-2000:]
+    named = "results/runs/matched/llamacpp/rate-3.00/rep1/run.json"
+    plan = snakemake("-n", "results/sim_vs_real.csv", named, *configs, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    jobs = job_counts(plan.stdout)
+    floors = len(list((aside / "floor" / deployment / "runs").glob("*/*/*/block.json")))
+    assert (jobs["floor_run"], jobs["floor_after_run"], jobs["run"]) == (floors, floors, 2), jobs
+    assert set(re.findall(r"unloaded floor of (\S+) on", plan.stdout)) == {deployment}
+    assert set(re.findall(r"run every repetition of (\S+)/rate-", plan.stdout)) == {
+        "matched/llamacpp"
+    }
+    assert jobs["cpu_platform"] == jobs["floor_drift"] == jobs["sim_vs_real"] == 1, jobs

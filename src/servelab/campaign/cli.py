@@ -83,9 +83,17 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _redo(args: argparse.Namespace) -> int:
-    for redone in redo_runs(_config(args), args.results, args.run_ids, args.why):
-        print(f"{redone.run_id}: moved {', '.join(redone.moved)} to {redone.folder}")
-    print("the workflow measures these runs again at its next invocation", file=sys.stderr)
+    redone = redo_runs(_config(args), args.results, args.run_ids, args.why)
+    for run in redone:
+        print(f"{run.run_id}: moved {', '.join(run.moved)} to {run.folder}")
+    # Snakemake (since 7.7) does not re-make a missing intermediate file when the targets
+    # downstream of it are present (snakemake/snakemake#1978): the runs must be named.
+    print(f"targets: {' '.join(str(run.target) for run in redone)}")
+    print(
+        "the workflow measures these runs again when they are among its targets: add the "
+        "targets above to the snakemake command (with yours, e.g. all)",
+        file=sys.stderr,
+    )
     return 0
 
 

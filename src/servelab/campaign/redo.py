@@ -45,6 +45,7 @@ class Redone:
     run_id: str
     folder: Path  # results/redone/{arm}/{engine}/{condition}/{rep}/NNN
     moved: tuple[str, ...]
+    target: Path  # the run's run.json: the snakemake target that measures it again
 
 
 def _run_of(run_id: str, grid: Mapping[str, Run]) -> Run:
@@ -67,8 +68,10 @@ def redo_runs(
 ) -> list[Redone]:
     """Move each run's measurement under results/redone/ with a reason.json; delete nothing.
 
-    Every id is checked first, so a bad one moves nothing. The workflow then plans the run's
-    block again (its run.json is missing) and measures that run only.
+    Every id is checked first, so a bad one moves nothing. With each run's run.json among its
+    targets (`Redone.target`), the workflow then plans the run's block again and measures that
+    run only. Named, because Snakemake does not re-make a missing intermediate file when the
+    targets downstream of it are present (snakemake/snakemake#1978, since 7.7).
     """
     if not why.strip():
         raise RedoError(
@@ -107,5 +110,5 @@ def redo_runs(
                 "moved": list(names),
             },
         )
-        done.append(Redone(run.id, folder, names))
+        done.append(Redone(run.id, folder, names, run_dir / "run.json"))
     return done
