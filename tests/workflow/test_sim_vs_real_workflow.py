@@ -193,11 +193,14 @@ def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_
     summary = json.loads((results / "sim_vs_real.json").read_text())
     assert len(summary["bracket"]["judged"]) == 4 and summary["bracket"]["refused"] == []
 
-    # A refused deployment made again as docs/simulator.md says ("The bracketing floor"): its
-    # folders moved aside, then the target with one of its runs named.
-    deployment = next(p.parent.name for p in results.glob("floor-after/matched-llamacpp-*/runs"))
+    # A refused deployment made again as docs/simulator.md says ("The bracketing floor"): with
+    # its engine's other deployment, since the fit pools both; their folders moved aside, then
+    # the target with one of their runs named.
+    deployments = sorted(p.parent.name for p in results.glob("floor-after/*-llamacpp-*/runs"))
+    assert len(deployments) == 2, deployments
     aside = tmp_path / "aside"
-    for folder in (f"floor/{deployment}", f"floor-after/{deployment}", "runs/matched/llamacpp"):
+    folders = [f"{kind}/{d}" for kind in ("floor", "floor-after") for d in deployments]
+    for folder in [*folders, "runs/defaults/llamacpp", "runs/matched/llamacpp"]:
         (aside / folder).parent.mkdir(parents=True, exist_ok=True)
         shutil.move(results / folder, aside / folder)
     configs = ("--configfile", "config/cpu-pair.yaml", "config/cpu-pair-sim.yaml")
@@ -209,10 +212,11 @@ def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_
     plan = snakemake("-n", "results/sim_vs_real.csv", named, *configs, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     jobs = job_counts(plan.stdout)
-    floors = len(list((aside / "floor" / deployment / "runs").glob("*/*/*/block.json")))
-    assert (jobs["floor_run"], jobs["floor_after_run"], jobs["run"]) == (floors, floors, 2), jobs
-    assert set(re.findall(r"unloaded floor of (\S+) on", plan.stdout)) == {deployment}
+    floors = len(list((aside / "floor").glob("*/runs/*/*/*/block.json")))
+    assert (jobs["floor_run"], jobs["floor_after_run"], jobs["run"]) == (floors, floors, 4), jobs
+    assert set(re.findall(r"unloaded floor of (\S+) on", plan.stdout)) == set(deployments)
     assert set(re.findall(r"run every repetition of (\S+)/rate-", plan.stdout)) == {
-        "matched/llamacpp"
+        "defaults/llamacpp",
+        "matched/llamacpp",
     }
     assert jobs["cpu_platform"] == jobs["floor_drift"] == jobs["sim_vs_real"] == 1, jobs
