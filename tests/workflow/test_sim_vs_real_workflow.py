@@ -123,14 +123,18 @@ def test_every_condition_of_the_comparison_offers_twelve_graphs_a_repetition() -
     assert offered and all(graphs >= 12 for graphs in offered.values()), offered
 
 
-def on_the_sim_backend(tmp_path: Path, target: str, overlays: tuple[str, ...], short: str) -> None:
+def on_the_sim_backend(
+    tmp_path: Path, target: str, overlays: tuple[str, ...], short: str
+) -> tuple[str, ...]:
     """Make `target` in a scratch folder: the CPU pair on the sim backend with its fitted
-    platform (config/cpu-pair-sim.yaml), then `overlays`, then `short` (YAML) last."""
+    platform (config/cpu-pair-sim.yaml), then `overlays`, then `short` (YAML) last. Returns the
+    `--configfile` arguments it used."""
     shutil.copytree(REPO / "config", tmp_path / "config")
     (tmp_path / "config" / "short.yaml").write_text(short)
     configs = ("config/cpu-pair.yaml", "config/cpu-pair-sim.yaml", *overlays, "config/short.yaml")
     done = snakemake(target, "--configfile", *configs, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return ("--configfile", *configs)
 
 
 def test_the_cpu_pair_runs_on_the_sim_backend_with_a_fitted_platform(tmp_path: Path) -> None:
@@ -166,7 +170,7 @@ floor:
 def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_turn(
     tmp_path: Path,
 ) -> None:
-    on_the_sim_backend(
+    configs = on_the_sim_backend(
         tmp_path, "results/sim_vs_real.csv", ("config/sim-vs-real.yaml",), SHORT_BRACKET
     )
     results = tmp_path / "results"
@@ -203,8 +207,6 @@ def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_
     for folder in [*folders, "runs/defaults/llamacpp", "runs/matched/llamacpp"]:
         (aside / folder).parent.mkdir(parents=True, exist_ok=True)
         shutil.move(results / folder, aside / folder)
-    configs = ("--configfile", "config/cpu-pair.yaml", "config/cpu-pair-sim.yaml")
-    configs += ("config/sim-vs-real.yaml", "config/short.yaml")
     # the target alone: Snakemake does not re-make a missing file the present target needs
     alone = snakemake("-n", "results/sim_vs_real.csv", *configs, cwd=tmp_path)
     assert alone.returncode == 0 and "Nothing to be done" in alone.stdout, alone.stdout[-2000:]
