@@ -21,10 +21,10 @@ from snakemake.utils import update_config
 
 from servelab.artifacts import RUN_JSON_REQUIRED
 from servelab.campaign.plan import format_plan, paired_conditions, plan_campaign, target_runs
-from servelab.campaign.redo import RedoError, redo_runs
+from servelab.campaign.redo import RedoError, redo_engine, redo_runs
 from servelab.campaign.status import STATUS_COLUMNS, campaign_status, run_status, status_csv
 from servelab.cli import main
-from servelab.grid.config import Run, load_config, validate_config
+from servelab.grid.config import Run, floor_blocks, load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "config" / "config.yaml"
@@ -425,6 +425,153 @@ def test_redo_refuses_an_unknown_run_and_moves_nothing(
         redo_runs(small, results, [good, "defaults/sglang/rate-0.28/rep1"], "not run yet")
     assert (results / "runs" / good / "run.json").is_file()
     assert not (results / "redone").exists()
+
+
+@pytest.fixture
+def two_arms(study: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
+    """`small` with the matched arm too: eight runs, four deployments."""
+    cfg = copy.deepcopy(small)
+    cfg["arms"]["matched"] = {**copy.deepcopy(study["arms"]["matched"]), "conditions": "all"}
+    for key in ("skip_conditions", "flags_by_condition"):
+        cfg["arms"]["matched"]["engines"]["sglang"].pop(key)
+    validate_config(cfg)
+    return cfg
+
+
+def measured_floors(results: Path, config: dict[str, Any]) -> dict[str, bytes]:
+    """Every deployment's floor made before and after its loaded runs, as the workflow lays
+    them out (workflow/rules/common.smk, FLOOR_DIR and FLOOR_AFTER_DIR); every file's bytes by
+    its path relative to results."""
+    for block in floor_blocks(config):
+        d = block.deployment
+        for kind in ("floor", "floor-after"):
+            folder = results / kind / d.id / "runs" / d.arm / d.engine / block.shape.id
+            (folder / "rep1" / "measured").mkdir(parents=True)
+            (folder / "rep1" / "run.json").write_text(f"{kind} {block.id}")
+            (folder / "rep1" / "measured" / "measurement.key").write_text(f"{kind} key")
+            (folder / "block.json").write_text("{}")
+    return {
+        str(p.relative_to(results)): p.read_bytes()
+        for kind in ("floor", "floor-after")
+        for p in (results / kind).rglob("*")
+        if p.is_file()
+    }
+
+
+def test_redo_engine_moves_both_arms_runs_and_floors_of_that_engine_only(
+    two_arms: dict[str, Any], tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    # rep3 beyond the configuration's two: made with `snakemake --config repetitions=3`
+    run_ids = [
+        f"{arm}/{engine}/rate-0.28/rep{k}"
+        for arm in ("defaults", "matched")
+        for engine in ("vllm", "sglang")
+        for k in (1, 2, 3)
+    ]
+    for run_id in run_ids:
+        measured_run(results, run_id)
+    floors = measured_floors(results, two_arms)
+    sglang_floors = {d for d in {f.split("/")[1] for f in floors} if "-sglang-" in d}
+    assert len(sglang_floors) == 2  # one deployment per arm
+
+    redone = redo_engine(two_arms, results, "sglang", "the engine's floors drifted")
+
+    assert sorted(run.run_id for run in redone.runs) == sorted(
+        r for r in run_ids if "/sglang/" in r
+    )
+    assert set(redone.targets) == {run.target for run in redone.runs}
+    assert not any(target.exists() for target in redone.targets)
+    assert {(f.kind, f.deployment) for f in redone.floors} == {
+        (kind, d) for kind in ("floor", "floor-after") for d in sglang_floors
+    }
+    # the floors after move first: a kill between the moves never leaves a bracket half-judged
+    assert [f.kind for f in redone.floors[:2]] == ["floor-after", "floor-after"]
+    # vLLM's runs and floors untouched; sglang's moved, every byte kept under the same names
+    for run_id in run_ids:
+        assert (results / "runs" / run_id / "run.json").exists() == ("/vllm/" in run_id)
+    kept = {
+        str(p.relative_to(results)): p.read_bytes()
+        for kind in ("floor", "floor-after")
+        for p in (results / kind).rglob("*")
+        if p.is_file()
+    }
+    assert kept == {k: v for k, v in floors.items() if k.split("/")[1] not in sglang_floors}
+    for floor in redone.floors:
+        assert floor.folder == results / "redone" / floor.kind / floor.deployment / "001"
+        moved = {
+            f"{floor.kind}/{floor.deployment}/{p.relative_to(floor.folder)}": p.read_bytes()
+            for p in floor.folder.rglob("*")
+            if p.is_file() and p.name != "reason.json"
+        }
+        assert moved == {
+            k: v for k, v in floors.items() if k.startswith(f"{floor.kind}/{floor.deployment}/")
+        }
+        reason = json.loads((floor.folder / "reason.json").read_text())
+        assert (reason["engine"], reason["kind"], reason["why"], reason["moved"]) == (
+            "sglang",
+            floor.kind,
+            "the engine's floors drifted",
+            ["runs"],
+        )
+        assert not (results / floor.kind / floor.deployment).exists()
+
+
+def test_redo_engine_refuses_an_unknown_engine_or_nothing_measured_and_moves_nothing(
+    two_arms: dict[str, Any], tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    measured_run(results, "defaults/vllm/rate-0.28/rep1")
+    with pytest.raises(RedoError, match=r"--engine 'llamacpp' is not an engine.*sglang, vllm"):
+        redo_engine(two_arms, results, "llamacpp", "typo")
+    with pytest.raises(RedoError, match=r"--engine sglang: nothing measured"):
+        redo_engine(two_arms, results, "sglang", "not run yet")
+    with pytest.raises(RedoError, match=r"--why must say why"):
+        redo_engine(two_arms, results, "vllm", " ")
+    assert (results / "runs" / "defaults/vllm/rate-0.28/rep1" / "run.json").is_file()
+    assert not (results / "redone").exists()
+
+
+def test_redo_engine_with_only_floors_names_the_engines_first_run(
+    two_arms: dict[str, Any], tmp_path: Path
+) -> None:
+    # killed after its floor, before any loaded run: the floor moves, and a run is still named
+    results = tmp_path / "results"
+    measured_floors(results, two_arms)
+    redone = redo_engine(two_arms, results, "vllm", "a floor made on a busy machine")
+    assert redone.runs == ()
+    assert len(redone.floors) == 4
+    assert redone.targets == (results / "runs" / "defaults/vllm/rate-0.28/rep1" / "run.json",)
+
+
+def test_redo_cli_engine_prints_the_moves_and_the_targets(
+    two_arms: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(two_arms))
+    results = tmp_path / "results"
+    for run_id in ("defaults/vllm/rate-0.28/rep1", "matched/vllm/rate-0.28/rep2"):
+        measured_run(results, run_id)
+    measured_floors(results, two_arms)
+    argv = ["campaign", "redo", "--engine", "vllm", "--why", "drift", "--config", str(config)]
+    assert main([*argv, "--results", str(results)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith("floor-after of ") for line in out) == 2
+    assert sum(line.startswith("floor of ") for line in out) == 2
+    assert out[-1] == "targets: " + " ".join(
+        str(results / "runs" / r / "run.json")
+        for r in ("defaults/vllm/rate-0.28/rep1", "matched/vllm/rate-0.28/rep2")
+    )
+    # a run id and --engine together, or neither: refused, nothing moved
+    for extra in (["defaults/sglang/rate-0.28/rep1", "--engine", "sglang"], []):
+        argv = ["campaign", "redo", *extra, "--why", "x", "--config", str(config)]
+        assert main([*argv, "--results", str(results)]) == 2
+        assert "or one --engine, not both" in capsys.readouterr().err
+    assert (results / "floor" / next(iter(floor_deployments(two_arms, "sglang")))).is_dir()
+
+
+def floor_deployments(config: dict[str, Any], engine: str) -> set[str]:
+    return {b.deployment.id for b in floor_blocks(config) if b.deployment.engine == engine}
 
 
 @pytest.mark.parametrize("why", ["", "   "])

@@ -198,23 +198,35 @@ def test_on_the_sim_backend_each_deployment_is_floored_run_and_floored_again_in_
     assert len(summary["bracket"]["judged"]) == 4 and summary["bracket"]["refused"] == []
 
     # A refused deployment made again as docs/simulator.md says ("The bracketing floor"): with
-    # its engine's other deployment, since the fit pools both; their folders moved aside, then
-    # the target with one of their runs named.
+    # its engine's other deployment, since the fit pools both; `servelab campaign redo --engine`
+    # moves their floors and runs aside, then the target with one of their runs named.
     deployments = sorted(p.parent.name for p in results.glob("floor-after/*-llamacpp-*/runs"))
     assert len(deployments) == 2, deployments
-    aside = tmp_path / "aside"
-    folders = [f"{kind}/{d}" for kind in ("floor", "floor-after") for d in deployments]
-    for folder in [*folders, "runs/defaults/llamacpp", "runs/matched/llamacpp"]:
-        (aside / folder).parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(results / folder, aside / folder)
+    command = ["campaign", "redo", "--engine", "llamacpp", "--why", "drift", *configs]
+    redo = subprocess.run(
+        [str(BIN / "servelab"), *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert redo.returncode == 0, redo.stderr[-2000:]
+    targets = redo.stdout.splitlines()[-1].removeprefix("targets: ").split()
+    assert sorted(targets) == sorted(
+        f"results/runs/{arm}/llamacpp/rate-{rate}/rep1/run.json"
+        for arm in ("defaults", "matched")
+        for rate in ("0.50", "3.00")
+    ), redo.stdout
+    left = [p for kind in ("floor", "floor-after") for p in results.glob(f"{kind}/*-llamacpp-*")]
+    assert not left, f"a llama.cpp floor was left in place: {left}"
+    assert len(list(results.glob("floor-after/*-vllm-*"))) == 2  # vLLM's untouched
     # the target alone: Snakemake does not re-make a missing file the present target needs
     alone = snakemake("-n", "results/sim_vs_real.csv", *configs, cwd=tmp_path)
     assert alone.returncode == 0 and "Nothing to be done" in alone.stdout, alone.stdout[-2000:]
-    named = "results/runs/matched/llamacpp/rate-3.00/rep1/run.json"
-    plan = snakemake("-n", "results/sim_vs_real.csv", named, *configs, cwd=tmp_path)
+    plan = snakemake("-n", "results/sim_vs_real.csv", targets[0], *configs, cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr[-2000:]
     jobs = job_counts(plan.stdout)
-    floors = len(list((aside / "floor").glob("*/runs/*/*/*/block.json")))
+    floors = len(list((results / "redone" / "floor").glob("*/001/runs/*/*/*/block.json")))
     assert (jobs["floor_run"], jobs["floor_after_run"], jobs["run"]) == (floors, floors, 4), jobs
     assert set(re.findall(r"unloaded floor of (\S+) on", plan.stdout)) == set(deployments)
     assert set(re.findall(r"run every repetition of (\S+)/rate-", plan.stdout)) == {

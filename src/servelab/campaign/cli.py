@@ -19,7 +19,7 @@ from typing import Any
 
 from servelab.artifacts import write_text
 from servelab.campaign.plan import TARGETS, format_plan, plan_campaign
-from servelab.campaign.redo import redo_runs
+from servelab.campaign.redo import RedoError, redo_engine, redo_runs
 from servelab.campaign.status import campaign_status, format_status, status_csv
 from servelab.grid.config import add_config_arguments, analysis_settings, load_config
 from servelab.grid.settings import AnalysisSettings
@@ -83,12 +83,21 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _redo(args: argparse.Namespace) -> int:
-    redone = redo_runs(_config(args), args.results, args.run_ids, args.why)
+    if bool(args.run_ids) == bool(args.engine):
+        raise RedoError("name the runs to redo (RUN_ID ...) or one --engine, not both")
+    if args.engine:
+        engine = redo_engine(_config(args), args.results, args.engine, args.why)
+        for floor in engine.floors:
+            print(f"{floor.kind} of {floor.deployment}: moved to {floor.folder}")
+        redone, targets = list(engine.runs), engine.targets
+    else:
+        redone = redo_runs(_config(args), args.results, args.run_ids, args.why)
+        targets = tuple(run.target for run in redone)
     for run in redone:
         print(f"{run.run_id}: moved {', '.join(run.moved)} to {run.folder}")
     # Snakemake (since 7.7) does not re-make a missing intermediate file when the targets
     # downstream of it are present (snakemake/snakemake#1978): the runs must be named.
-    print(f"targets: {' '.join(str(run.target) for run in redone)}")
+    print(f"targets: {' '.join(str(target) for target in targets)}")
     print(
         "the workflow measures these runs again when they are among its targets: add the "
         "targets above to the snakemake command (with yours, e.g. all)",
@@ -219,10 +228,17 @@ def register(subparsers: Any) -> None:
         "redo",
         help="move runs' measurements aside (never deleted) so the workflow measures them again",
         description="Moves each run's measured/, attempts/ and published files to "
-        "results/redone/{arm}/{engine}/{condition}/{rep}/NNN/ with a reason.json.",
+        "results/redone/{arm}/{engine}/{condition}/{rep}/NNN/ with a reason.json. With --engine, "
+        "every run of that engine in every arm, and its deployments' unloaded floors (before and "
+        "after the loaded runs) to results/redone/{floor,floor-after}/{deployment}/NNN/: the "
+        "re-make of a deployment the bracketing floor refused.",
     )
     redo.add_argument(
-        "run_ids", nargs="+", metavar="RUN_ID", help="{arm}/{engine}/{condition}/{rep}"
+        "run_ids", nargs="*", metavar="RUN_ID", help="{arm}/{engine}/{condition}/{rep}"
+    )
+    redo.add_argument(
+        "--engine",
+        help="instead of RUN_IDs: every run of this engine (both arms) and its floors",
     )
     redo.add_argument("--why", required=True, help="why the runs are measured again (kept)")
     _add_config_options(redo)
