@@ -566,7 +566,7 @@ def test_redo_cli_engine_prints_the_moves_and_the_targets(
     for extra in (["defaults/sglang/rate-0.28/rep1", "--engine", "sglang"], []):
         argv = ["campaign", "redo", *extra, "--why", "x", "--config", str(config)]
         assert main([*argv, "--results", str(results)]) == 2
-        assert "or one --engine, not both" in capsys.readouterr().err
+        assert "or --engine ENGINE: one of the two" in capsys.readouterr().err
     assert (results / "floor" / next(iter(floor_deployments(two_arms, "sglang")))).is_dir()
 
 

@@ -84,7 +84,7 @@ def _status(args: argparse.Namespace) -> int:
 
 def _redo(args: argparse.Namespace) -> int:
     if bool(args.run_ids) == bool(args.engine):
-        raise RedoError("name the runs to redo (RUN_ID ...) or one --engine, not both")
+        raise RedoError("give the runs to redo (RUN_ID ...) or --engine ENGINE: one of the two")
     if args.engine:
         engine = redo_engine(_config(args), args.results, args.engine, args.why)
         for floor in engine.floors:

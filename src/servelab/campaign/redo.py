@@ -170,8 +170,8 @@ def redo_engine(
         )
     results = Path(results)
     engine_runs = [run for run in runs(config) if run.engine == engine]
-    # Every repetition measured on disk, not only the configuration's: a campaign run with
-    # `snakemake --config repetitions=4` has more than its files say.
+    # Every repetition measured on disk, not only the configuration's: a campaign made with
+    # `snakemake --config repetitions=4` has more repetitions than its configuration files say.
     blocks = dict.fromkeys((run.arm, run.engine, run.condition) for run in engine_runs)
     measured = [
         Run(arm, engine_name, condition, rep.name)
