@@ -41,7 +41,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from instance_variation import lone_request
+from instance_variation import ln_sd, lone_request
 from llamacpp_engine import TOKENIZER, machine
 from machine_speed_drift import MATRIX, MEMORY_BYTES, cache_slice, memory_slice
 from parallel_sampling import CLIENT_CORE, ENGINE_CORE, OUTPUT_TOKENS, served
@@ -68,10 +68,6 @@ def probe(seconds: float, data: np.ndarray, a: np.ndarray, b: np.ndarray) -> tup
     finally:
         os.sched_setaffinity(0, {CLIENT_CORE})
     return float(np.mean(memory)), float(np.mean(cache))
-
-
-def ln_sd(values: list[float]) -> float:
-    return float(np.std(np.log(values), ddof=1))
 
 
 def lag1(values: list[float]) -> float:

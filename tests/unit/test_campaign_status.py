@@ -458,6 +458,10 @@ def measured_floors(results: Path, config: dict[str, Any]) -> dict[str, bytes]:
     }
 
 
+def floor_deployments(config: dict[str, Any], engine: str) -> set[str]:
+    return {b.deployment.id for b in floor_blocks(config) if b.deployment.engine == engine}
+
+
 def test_redo_engine_moves_both_arms_runs_and_floors_of_that_engine_only(
     two_arms: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -472,7 +476,7 @@ def test_redo_engine_moves_both_arms_runs_and_floors_of_that_engine_only(
     for run_id in run_ids:
         measured_run(results, run_id)
     floors = measured_floors(results, two_arms)
-    sglang_floors = {d for d in {f.split("/")[1] for f in floors} if "-sglang-" in d}
+    sglang_floors = floor_deployments(two_arms, "sglang")
     assert len(sglang_floors) == 2  # one deployment per arm
 
     redone = redo_engine(two_arms, results, "sglang", "the engine's floors drifted")
@@ -568,10 +572,6 @@ def test_redo_cli_engine_prints_the_moves_and_the_targets(
         assert main([*argv, "--results", str(results)]) == 2
         assert "or --engine ENGINE: one of the two" in capsys.readouterr().err
     assert (results / "floor" / next(iter(floor_deployments(two_arms, "sglang")))).is_dir()
-
-
-def floor_deployments(config: dict[str, Any], engine: str) -> set[str]:
-    return {b.deployment.id for b in floor_blocks(config) if b.deployment.engine == engine}
 
 
 @pytest.mark.parametrize("why", ["", "   "])

@@ -172,14 +172,11 @@ def redo_engine(
     engine_runs = [run for run in runs(config) if run.engine == engine]
     # Every repetition measured on disk, not only the configuration's: a campaign made with
     # `snakemake --config repetitions=4` has more repetitions than its configuration files say.
-    blocks = dict.fromkeys((run.arm, run.engine, run.condition) for run in engine_runs)
+    blocks = {(run.arm, run.condition): run_folder(results, run).parent for run in engine_runs}
     measured = [
-        Run(arm, engine_name, condition, rep.name)
-        for arm, engine_name, condition in blocks
-        for rep in sorted(
-            (results / "runs" / arm / engine_name / condition).glob("rep*"),
-            key=lambda p: (len(p.name), p.name),
-        )
+        Run(arm, engine, condition, rep.name)
+        for (arm, condition), block in blocks.items()
+        for rep in sorted(block.glob("rep*"), key=lambda p: (len(p.name), p.name))
         if re.fullmatch(r"rep\d+", rep.name) and _measurement_names(rep)
     ]
     deployments = sorted(
