@@ -51,7 +51,15 @@ from servelab.artifacts import write_json, write_text
 from servelab.engines.registry import engine_spec
 from servelab.grid.settings import AnalysisSettings
 
-__all__ = ["GOALS", "RunPair", "compare_runs", "saturation_rate", "write_sim_vs_real"]
+__all__ = [
+    "GOALS",
+    "RunPair",
+    "compare_runs",
+    "goal_summary",
+    "read_sim_vs_real_csv",
+    "saturation_rate",
+    "write_sim_vs_real",
+]
 
 METRICS = ("ttft_p50", "ttft_p95", "tpot_p50", "itl_p99", "throughput", "waiting_mean")
 # The issue's goals (docs/simulator.md): |ratio - 1| at most this, where it applies.
@@ -332,7 +340,7 @@ def compare_runs(
                         "waiting_predicted": predicted_series.get(t, math.nan),
                     }
                 )
-    summary = _summary(rows, keeps_pace)
+    summary = goal_summary(rows, keeps_pace)
     if floor_drift is not None:
         _judge(summary, floor_drift)
     return rows, summary, waiting_rows
@@ -368,8 +376,9 @@ def _judge(summary: dict[str, Any], floor_drift: Mapping[str, Any]) -> None:
     }
 
 
-def _summary(rows: Sequence[Mapping[str, Any]], keeps_pace: float) -> dict[str, Any]:
-    """Saturation rates and the goals, per (engine, arm)."""
+def goal_summary(rows: Sequence[Mapping[str, Any]], keeps_pace: float) -> dict[str, Any]:
+    """Saturation rates and the goals, per (engine, arm), from the CSV's rows (as `compare_runs`
+    makes them, or as `read_sim_vs_real_csv` reads them back)."""
     out: dict[str, Any] = {"keeps_pace": keeps_pace, "goals": GOALS, "series": []}
     by_series: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for row in rows:
@@ -429,6 +438,28 @@ def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
         row = {k: v for k, v in row.items() if not k.startswith("_")}
         writer.writerow([_fmt(row[c]) if isinstance(row[c], float) else row[c] for c in columns])
     return buffer.getvalue()
+
+
+_TEXT_COLUMNS = ("engine", "arm", "condition")
+
+
+def read_sim_vs_real_csv(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a written `sim_vs_real.csv`, numbers as floats (an empty cell as NaN), so a
+    measurement kept as data can be summed up again with `goal_summary`."""
+    rows: list[dict[str, Any]] = []
+    with Path(path).open(encoding="utf-8", newline="") as handle:
+        for line, raw in enumerate(csv.DictReader(handle), start=2):
+            row: dict[str, Any] = {}
+            for key, text in raw.items():
+                if key in _TEXT_COLUMNS:
+                    row[key] = text
+                    continue
+                try:
+                    row[key] = float(text) if text not in ("", "nan") else math.nan
+                except ValueError:
+                    raise ValueError(f"{path}:{line}: column {key!r} is not a number: {text!r}")
+            rows.append(row)
+    return rows
 
 
 def write_sim_vs_real(
