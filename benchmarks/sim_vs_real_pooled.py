@@ -2,7 +2,7 @@
 check (issue 26; docs/simulator.md, "The model's error across measurements").
 
     .venv/bin/python benchmarks/sim_vs_real_pooled.py CSV [CSV ...] [--max-noise SD]
-        [--level 0.95] [--json OUT]
+        [--level 0.95] [--held-out CSV] [--json OUT]
 
 Each CSV is one measurement's results/sim_vs_real.csv, all of one model (the same scheduler code
 and fit rule). For every goal check this prints its ratio predicted / real on each measurement
@@ -12,7 +12,12 @@ the goal's band, outside it, or across its edge (servelab.analysis.sim_vs_real_p
 With `--max-noise`, a measurement's engine counts only where its floor was quiet by the gate's bar
 (the workflow's floor.bracket.max_noise): both of the engine's floor spreads (`noise` in the
 measurement's CPU platform, the file named as the CSV with cpu_platform for sim_vs_real and .json
-for .csv) at most SD. Nothing is measured.
+for .csv) at most SD.
+
+With `--held-out`, one more measurement of the same model, not pooled, is set against the pool:
+each of its checks' ratio beside the check's predictive interval (where one more measurement's
+ratio falls with probability `--level`, were the ln ratios normal), and how many fall inside.
+Nothing is measured.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.analysis.sim_vs_real import read_sim_vs_real_csv
-from servelab.analysis.sim_vs_real_pooled import pooled_checks
+from servelab.analysis.sim_vs_real_pooled import held_out, pooled_checks
 from servelab.grid.settings import AnalysisSettings
 
 
@@ -58,6 +63,9 @@ def main() -> int:
     )
     parser.add_argument("--max-noise", type=float, help="count an engine only on quiet floors")
     parser.add_argument("--level", type=float, default=0.95, help="the intervals' level")
+    parser.add_argument(
+        "--held-out", type=Path, help="one more sim_vs_real.csv, set against the pool"
+    )
     parser.add_argument("--json", type=Path, help="also write the cells here")
     args = parser.parse_args()
     if len(args.csv) < 2:
@@ -84,17 +92,43 @@ def main() -> int:
         low, high = cell["ci"]
         interval = "" if low is None else f"[{low:.3f}, {high:.3f}]"
         p_met = "" if cell["p_met"] is None else f"p_met {cell['p_met']:.2f}"
+        low, high = cell["predictive"]
+        predictive = "" if low is None else f"next [{low:.3f}, {high:.3f}]"
         print(
             f"{cell['engine']:9s} {cell['arm']:9s} {cell['metric']:10s} {rate:4s} "
-            f"n {cell['n']:2d}  gmean {cell['gmean']:.3f} {interval:17s} "
+            f"n {cell['n']:2d}  gmean {cell['gmean']:.3f} {interval:17s} {predictive:22s} "
             f"met {cell['met']:2d}/{cell['n']:<2d} {p_met:11s} {cell['verdict']}"
         )
     print()
     print(f"checks by verdict: {result['verdicts']}")
     print(
-        f"measurements that met every check: {result['all_met']} of {len(measurements)}; "
+        f"measurements that met every check: {result['all_met']} of {result['checking']} "
+        "that checked any; "
         f"the product of the checks' p_met: {result['p_all_independent']}"
     )
+    if args.held_out is not None:
+        rows = read_sim_vs_real_csv(args.held_out)
+        if args.max_noise is not None:
+            noisy = noisy_engines(args.held_out, args.max_noise)
+            rows = [r for r in rows if r["engine"] not in noisy]
+        against = held_out(result, rows, keeps_pace=args.keeps_pace)
+        result["held_out"] = {"csv": str(args.held_out), **against}
+        print()
+        print(f"held out: {args.held_out}")
+        for check in against["checks"]:
+            rate = "" if check["rate"] is None else f"{check['rate']:4.1f}"
+            low, high = check["predictive"]
+            ratio = "none" if check["ratio"] is None else f"{check['ratio']:.3f}"
+            where = "no interval" if check["inside"] is None else f"[{low:.3f}, {high:.3f}]"
+            flag = "" if check["inside"] is not False else "  OUTSIDE"
+            print(
+                f"{check['engine']:9s} {check['arm']:9s} {check['metric']:10s} {rate:4s} "
+                f"{ratio:>6s} {where}{flag}"
+            )
+        print(
+            f"{against['inside']} of {against['judged']} checks inside their "
+            f"{against['level']:.0%} predictive intervals ({against['no_interval']} without one)"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -12,7 +12,7 @@ import pytest
 from benchmark_modules import load_benchmark
 
 from servelab.analysis.sim_vs_real import goal_summary, read_sim_vs_real_csv
-from servelab.analysis.sim_vs_real_pooled import pooled_checks
+from servelab.analysis.sim_vs_real_pooled import held_out, pooled_checks
 
 DATA = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "data"
 RATES = (1.0, 2.0, 4.0)
@@ -62,7 +62,9 @@ def test_a_check_the_model_misses_on_every_day_is_outside_and_one_missed_by_nois
     assert biased["verdict"] == "outside"
     assert biased["met"] == 0
     assert biased["p_met"] < 0.05
-    assert biased["gmean"] == pytest.approx(math.exp(sum(map(math.log, (1.08, 1.1, 1.09, 1.085))) / 4), abs=1e-4)
+    assert biased["gmean"] == pytest.approx(
+        math.exp(sum(map(math.log, (1.08, 1.1, 1.09, 1.085))) / 4), abs=1e-4
+    )
     noisy = cell(result, "throughput", 2.0)
     assert noisy["met"] == 3
     assert noisy["verdict"] in ("within", "undecided")
@@ -90,6 +92,10 @@ def test_exact_agreement_is_within_and_met_on_every_day() -> None:
     x = cell(result, "throughput", 1.0)
     assert (x["verdict"], x["p_met"], x["met"]) == ("within", 1.0, 2)
     assert result["all_met"] == 2
+    # a measurement with nothing left in it checks nothing and is not one that met every check
+    emptied = pooled_checks({"a": rows_of({}), "b": rows_of({}), "c": []}, keeps_pace=0.97)
+    assert emptied["measurements"]["c"] == {"met": 0, "checked": 0}
+    assert (emptied["all_met"], emptied["checking"]) == (2, 2)
 
 
 def test_a_kept_csv_sums_up_to_the_checks_its_workflow_wrote() -> None:
@@ -113,7 +119,9 @@ def test_a_kept_csv_sums_up_to_the_checks_its_workflow_wrote() -> None:
 
 def test_a_bad_number_in_a_kept_csv_names_its_file_line_and_column(tmp_path: Path) -> None:
     path = tmp_path / "sim_vs_real.csv"
-    path.write_text("engine,arm,condition,rate\nllamacpp,defaults,rate-1.00,fast\n", encoding="utf-8")
+    path.write_text(
+        "engine,arm,condition,rate\nllamacpp,defaults,rate-1.00,fast\n", encoding="utf-8"
+    )
     with pytest.raises(ValueError, match=r"sim_vs_real\.csv:2: column 'rate'"):
         read_sim_vs_real_csv(path)
 
@@ -136,5 +144,27 @@ def test_the_benchmark_leaves_out_an_engine_whose_floor_was_noisy(tmp_path: Path
     assert pooled.platform_of(csv_path) == platform
     assert pooled.noisy_engines(csv_path, 0.045) == {"llamacpp"}
     assert pooled.noisy_engines(csv_path, 0.06) == set()
-    with pytest.raises(SystemExit, match="cpu_platform-other.json"):
+    with pytest.raises(SystemExit, match=r"cpu_platform-other\.json"):
         pooled.noisy_engines(tmp_path / "sim_vs_real-other.csv", 0.045)
+
+
+def test_a_held_out_measurement_is_set_against_the_pools_predictive_intervals() -> None:
+    days = {
+        "a": rows_of({4.0: 1.00}),
+        "b": rows_of({4.0: 1.02}),
+        "c": rows_of({4.0: 0.98}),
+        "d": rows_of({4.0: 1.01}),
+    }
+    pool = pooled_checks(days, keeps_pace=0.97)
+    low, high = cell(pool, "throughput", 4.0)["predictive"]
+    low_ci, high_ci = cell(pool, "throughput", 4.0)["ci"]
+    # one more measurement is less certain than the mean of four
+    assert low < low_ci < 1.0 < high_ci < high
+    same = held_out(pool, rows_of({4.0: 1.0}), keeps_pace=0.97)
+    assert (same["inside"], same["judged"]) == (8, 8)
+    far = held_out(pool, rows_of({4.0: 1.3}), keeps_pace=0.97)
+    outside = [(c["metric"], c["rate"]) for c in far["checks"] if c["inside"] is False]
+    # X at 4 lands far outside its interval; so does the saturation it moves (the prediction
+    # keeps pace at 4 graphs/s, so it has no saturation rate at all)
+    assert outside == [("throughput", 4.0), ("saturation", None)]
+    assert far["checks"][-1]["ratio"] is None

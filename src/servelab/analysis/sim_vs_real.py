@@ -456,8 +456,9 @@ def read_sim_vs_real_csv(path: str | Path) -> list[dict[str, Any]]:
                     continue
                 try:
                     row[key] = float(text) if text not in ("", "nan") else math.nan
-                except ValueError:
-                    raise ValueError(f"{path}:{line}: column {key!r} is not a number: {text!r}")
+                except ValueError as error:
+                    message = f"{path}:{line}: column {key!r} is not a number: {text!r}"
+                    raise ValueError(message) from error
             rows.append(row)
     return rows
 

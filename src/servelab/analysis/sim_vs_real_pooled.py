@@ -31,7 +31,7 @@ from typing import Any
 from servelab.analysis.sim_vs_real import GOALS, goal_summary
 from servelab.analysis.stats import log_summary
 
-__all__ = ["pooled_checks"]
+__all__ = ["held_out", "pooled_checks"]
 
 
 def _band_verdict(low: float, high: float, goal: float, n: int) -> str:
@@ -55,6 +55,17 @@ def _p_met(mean_ln: float, sd_ln: float, goal: float) -> float:
     return float(norm.cdf((hi - mean_ln) / sd_ln) - norm.cdf((lo - mean_ln) / sd_ln))
 
 
+def _predictive(logs_mean: float, sd_ln: float, n: int, level: float) -> tuple[float, float]:
+    """Where one more measurement's ratio falls with probability `level`, were a measurement's ln
+    ratio normal around the model's error: exp(mean ± t s sqrt(1 + 1/n)) (NaN when n < 2)."""
+    from scipy.stats import t
+
+    if n < 2 or not math.isfinite(sd_ln):
+        return math.nan, math.nan
+    half = float(t.ppf(0.5 + level / 2, n - 1)) * sd_ln * math.sqrt(1 + 1 / n)
+    return math.exp(logs_mean - half), math.exp(logs_mean + half)
+
+
 def pooled_checks(
     measurements: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
@@ -70,15 +81,15 @@ def pooled_checks(
         met = checked = 0
         for series in summary["series"]:
             key = (series["engine"], series["arm"])
-            rates = {r["condition"]: float(r["rate"]) for r in rows if (r["engine"], r["arm"]) == key}
+            rates = {
+                r["condition"]: float(r["rate"]) for r in rows if (r["engine"], r["arm"]) == key
+            }
             for check in series["checks"]:
                 cell = (*key, check["metric"], rates[check["condition"]])
                 if check["ratio"] is not None:
                     ratios.setdefault(cell, {})[name] = check["ratio"]
             if series["saturation_ratio"] is not None:
-                ratios.setdefault((*key, "saturation", None), {})[name] = series[
-                    "saturation_ratio"
-                ]
+                ratios.setdefault((*key, "saturation", None), {})[name] = series["saturation_ratio"]
             met += series["met"] + series["saturation_met"]
             checked += series["checked"] + 1
         whole[name] = {"met": met, "checked": checked}
@@ -89,6 +100,7 @@ def pooled_checks(
         goal = GOALS[metric]
         values = list(by_name.values())
         pooled = log_summary(values, level)
+        low, high = _predictive(math.log(pooled.gmean), pooled.sd_log, pooled.n, level)
         cells.append(
             {
                 "engine": engine,
@@ -100,6 +112,7 @@ def pooled_checks(
                 "gmean": round(pooled.gmean, 4),
                 "ci": [_round(pooled.ci_low), _round(pooled.ci_high)],
                 "sd_ln": _round(pooled.sd_log),
+                "predictive": [_round(low), _round(high)],
                 "verdict": _band_verdict(pooled.ci_low, pooled.ci_high, goal, pooled.n),
                 "met": sum(abs(v - 1) <= goal for v in values),
                 "p_met": _round(_p_met(math.log(pooled.gmean), pooled.sd_log, goal)),
@@ -112,7 +125,9 @@ def pooled_checks(
         "level": level,
         "keeps_pace": keeps_pace,
         "measurements": whole,
-        "all_met": sum(w["met"] == w["checked"] for w in whole.values()),
+        # a measurement whose every deployment was left out checked nothing, and met nothing
+        "all_met": sum(0 < w["checked"] == w["met"] for w in whole.values()),
+        "checking": sum(w["checked"] > 0 for w in whole.values()),
         "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
         "p_all_independent": _round(p_all),
         "cells": cells,
@@ -121,3 +136,48 @@ def pooled_checks(
 
 def _round(value: float) -> float | None:
     return round(value, 4) if math.isfinite(value) else None
+
+
+def held_out(
+    pooled: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], *, keeps_pace: float
+) -> dict[str, Any]:
+    """One more measurement (its sim_vs_real.csv rows, not among the pooled) against the pool:
+    each of its goal checks' ratio beside that check's predictive interval. A check the pool has
+    no interval for (fewer than two pooled measurements checked it) is counted apart."""
+    intervals = {
+        (c["engine"], c["arm"], c["metric"], c["rate"]): c["predictive"] for c in pooled["cells"]
+    }
+    summary = goal_summary(rows, keeps_pace)
+    checks: list[dict[str, Any]] = []
+    for series in summary["series"]:
+        key = (series["engine"], series["arm"])
+        rates = {r["condition"]: float(r["rate"]) for r in rows if (r["engine"], r["arm"]) == key}
+        mine: list[tuple[str, float | None, float | None]] = [
+            (c["metric"], rates[c["condition"]], c["ratio"]) for c in series["checks"]
+        ]
+        mine.append(("saturation", None, series["saturation_ratio"]))
+        for metric, rate, ratio in mine:
+            low, high = intervals.get((*key, metric, rate), (None, None))
+            inside = None
+            if low is not None and high is not None:
+                # no ratio: one side never saturated or had no value, which no interval holds
+                inside = ratio is not None and low <= ratio <= high
+            checks.append(
+                {
+                    "engine": key[0],
+                    "arm": key[1],
+                    "metric": metric,
+                    "rate": rate,
+                    "ratio": ratio,
+                    "predictive": [low, high],
+                    "inside": inside,
+                }
+            )
+    judged = [c for c in checks if c["inside"] is not None]
+    return {
+        "level": pooled["level"],
+        "inside": sum(c["inside"] for c in judged),
+        "judged": len(judged),
+        "no_interval": len(checks) - len(judged),
+        "checks": checks,
+    }
