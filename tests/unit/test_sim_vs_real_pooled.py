@@ -168,3 +168,13 @@ def test_a_held_out_measurement_is_set_against_the_pools_predictive_intervals() 
     # keeps pace at 4 graphs/s, so it has no saturation rate at all)
     assert outside == [("throughput", 4.0), ("saturation", None)]
     assert far["checks"][-1]["ratio"] is None
+
+
+def test_a_check_made_without_a_ratio_is_named_and_missed_not_dropped() -> None:
+    # on day "c" the prediction keeps pace at 4 graphs/s, so it has no saturation rate to compare
+    days = {"a": rows_of({}), "b": rows_of({}), "c": rows_of({4.0: 1.3})}
+    result = pooled_checks(days, keeps_pace=0.97)
+    saturation = cell(result, "saturation", None)
+    assert saturation["no_ratio"] == ["c"]
+    assert (saturation["n"], saturation["met"]) == (2, 2)
+    assert result["measurements"]["c"] == {"met": 6, "checked": 8}

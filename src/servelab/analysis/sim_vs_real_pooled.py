@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from servelab.analysis.sim_vs_real import GOALS, goal_summary
@@ -66,6 +67,34 @@ def _predictive(logs_mean: float, sd_ln: float, n: int, level: float) -> tuple[f
     return math.exp(logs_mean - half), math.exp(logs_mean + half)
 
 
+@dataclass(frozen=True)
+class _Check:
+    engine: str
+    arm: str
+    metric: str
+    rate: float | None  # None for the saturation rate, a check of the deployment as a whole
+    ratio: float | None  # None where a side had no value (a prediction that never saturated)
+    met: bool
+
+    @property
+    def cell(self) -> tuple[str, str, str, float | None]:
+        return (self.engine, self.arm, self.metric, self.rate)
+
+
+def _checks_of(rows: Sequence[Mapping[str, Any]], keeps_pace: float) -> list[_Check]:
+    """One measurement's goal checks, as `goal_summary` counts them, each with its rate."""
+    checks: list[_Check] = []
+    for series in goal_summary(rows, keeps_pace)["series"]:
+        key = (series["engine"], series["arm"])
+        rates = {r["condition"]: float(r["rate"]) for r in rows if (r["engine"], r["arm"]) == key}
+        for check in series["checks"]:
+            rate = rates[check["condition"]]
+            checks.append(_Check(*key, check["metric"], rate, check["ratio"], check["met"]))
+        saturation = series["saturation_ratio"]
+        checks.append(_Check(*key, "saturation", None, saturation, series["saturation_met"]))
+    return checks
+
+
 def pooled_checks(
     measurements: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
@@ -73,34 +102,28 @@ def pooled_checks(
     level: float = 0.95,
 ) -> dict[str, Any]:
     """Each goal check's ratios over `measurements` (name -> the rows of one measurement's
-    sim_vs_real.csv; a deployment left out of a measurement is simply not in its rows)."""
+    sim_vs_real.csv; a deployment left out of a measurement is simply not in its rows). A check
+    a measurement made without a ratio is named in the cell's `no_ratio`, and missed."""
     ratios: dict[tuple[str, str, str, float | None], dict[str, float]] = {}
+    no_ratio: dict[tuple[str, str, str, float | None], list[str]] = {}
     whole: dict[str, dict[str, int]] = {}
     for name, rows in measurements.items():
-        summary = goal_summary(rows, keeps_pace)
-        met = checked = 0
-        for series in summary["series"]:
-            key = (series["engine"], series["arm"])
-            rates = {
-                r["condition"]: float(r["rate"]) for r in rows if (r["engine"], r["arm"]) == key
-            }
-            for check in series["checks"]:
-                cell = (*key, check["metric"], rates[check["condition"]])
-                if check["ratio"] is not None:
-                    ratios.setdefault(cell, {})[name] = check["ratio"]
-            if series["saturation_ratio"] is not None:
-                ratios.setdefault((*key, "saturation", None), {})[name] = series["saturation_ratio"]
-            met += series["met"] + series["saturation_met"]
-            checked += series["checked"] + 1
-        whole[name] = {"met": met, "checked": checked}
+        checks = _checks_of(rows, keeps_pace)
+        for check in checks:
+            if check.ratio is None:
+                no_ratio.setdefault(check.cell, []).append(name)
+            else:
+                ratios.setdefault(check.cell, {})[name] = check.ratio
+        whole[name] = {"met": sum(c.met for c in checks), "checked": len(checks)}
     cells: list[dict[str, Any]] = []
-    for (engine, arm, metric, rate), by_name in sorted(
-        ratios.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or 0.0)
-    ):
+    for cell in sorted(set(ratios) | set(no_ratio), key=lambda c: (*c[:3], c[3] or 0.0)):
+        engine, arm, metric, rate = cell
         goal = GOALS[metric]
+        by_name = ratios.get(cell, {})
         values = list(by_name.values())
         pooled = log_summary(values, level)
-        low, high = _predictive(math.log(pooled.gmean), pooled.sd_log, pooled.n, level)
+        mean_ln = math.log(pooled.gmean) if pooled.n else math.nan
+        low, high = _predictive(mean_ln, pooled.sd_log, pooled.n, level)
         cells.append(
             {
                 "engine": engine,
@@ -109,13 +132,14 @@ def pooled_checks(
                 "rate": rate,
                 "n": pooled.n,
                 "ratios": dict(sorted(by_name.items())),
-                "gmean": round(pooled.gmean, 4),
+                "no_ratio": sorted(no_ratio.get(cell, [])),
+                "gmean": _round(pooled.gmean),
                 "ci": [_round(pooled.ci_low), _round(pooled.ci_high)],
                 "sd_ln": _round(pooled.sd_log),
                 "predictive": [_round(low), _round(high)],
                 "verdict": _band_verdict(pooled.ci_low, pooled.ci_high, goal, pooled.n),
                 "met": sum(abs(v - 1) <= goal for v in values),
-                "p_met": _round(_p_met(math.log(pooled.gmean), pooled.sd_log, goal)),
+                "p_met": _round(_p_met(mean_ln, pooled.sd_log, goal)),
             }
         )
     verdicts = [c["verdict"] for c in cells]
@@ -134,10 +158,6 @@ def pooled_checks(
     }
 
 
-def _round(value: float) -> float | None:
-    return round(value, 4) if math.isfinite(value) else None
-
-
 def held_out(
     pooled: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], *, keeps_pace: float
 ) -> dict[str, Any]:
@@ -147,32 +167,25 @@ def held_out(
     intervals = {
         (c["engine"], c["arm"], c["metric"], c["rate"]): c["predictive"] for c in pooled["cells"]
     }
-    summary = goal_summary(rows, keeps_pace)
     checks: list[dict[str, Any]] = []
-    for series in summary["series"]:
-        key = (series["engine"], series["arm"])
-        rates = {r["condition"]: float(r["rate"]) for r in rows if (r["engine"], r["arm"]) == key}
-        mine: list[tuple[str, float | None, float | None]] = [
-            (c["metric"], rates[c["condition"]], c["ratio"]) for c in series["checks"]
-        ]
-        mine.append(("saturation", None, series["saturation_ratio"]))
-        for metric, rate, ratio in mine:
-            low, high = intervals.get((*key, metric, rate), (None, None))
-            inside = None
-            if low is not None and high is not None:
-                # no ratio: one side never saturated or had no value, which no interval holds
-                inside = ratio is not None and low <= ratio <= high
-            checks.append(
-                {
-                    "engine": key[0],
-                    "arm": key[1],
-                    "metric": metric,
-                    "rate": rate,
-                    "ratio": ratio,
-                    "predictive": [low, high],
-                    "inside": inside,
-                }
-            )
+    for check in _checks_of(rows, keeps_pace):
+        low, high = intervals.get(check.cell, (None, None))
+        inside = None
+        if low is not None and high is not None:
+            # no ratio: one side never saturated or had no value, which no interval holds
+            inside = check.ratio is not None and low <= check.ratio <= high
+        checks.append(
+            {
+                "engine": check.engine,
+                "arm": check.arm,
+                "metric": check.metric,
+                "rate": check.rate,
+                "ratio": check.ratio,
+                "met": check.met,
+                "predictive": [low, high],
+                "inside": inside,
+            }
+        )
     judged = [c for c in checks if c["inside"] is not None]
     return {
         "level": pooled["level"],
@@ -181,3 +194,7 @@ def held_out(
         "no_interval": len(checks) - len(judged),
         "checks": checks,
     }
+
+
+def _round(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
