@@ -53,6 +53,16 @@ def noisy_engines(csv_path: Path, max_noise: float) -> set[str]:
     return noisy
 
 
+def measurement_rows(path: Path, max_noise: float | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """A kept measurement's rows, without the engines whose floor was noisier than `max_noise`
+    (none left out without a bar), and the engines left out."""
+    rows = read_sim_vs_real_csv(path)
+    if max_noise is None:
+        return rows, []
+    noisy = noisy_engines(path, max_noise)
+    return [r for r in rows if r["engine"] not in noisy], sorted(noisy)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -74,12 +84,7 @@ def main() -> int:
     left_out: dict[str, list[str]] = {}
     for path in args.csv:
         name = path.stem.removeprefix("sim_vs_real-")
-        rows = read_sim_vs_real_csv(path)
-        if args.max_noise is not None:
-            noisy = noisy_engines(path, args.max_noise)
-            rows = [r for r in rows if r["engine"] not in noisy]
-            left_out[name] = sorted(noisy)
-        measurements[name] = rows
+        measurements[name], left_out[name] = measurement_rows(path, args.max_noise)
     result = pooled_checks(measurements, keeps_pace=args.keeps_pace, level=args.level)
     result["max_noise"] = args.max_noise
     result["left_out"] = left_out
@@ -89,6 +94,7 @@ def main() -> int:
     print()
     for cell in result["cells"]:
         rate = "" if cell["rate"] is None else f"{cell['rate']:4.1f}"
+        gmean = "none" if cell["gmean"] is None else f"{cell['gmean']:.3f}"
         low, high = cell["ci"]
         interval = "" if low is None else f"[{low:.3f}, {high:.3f}]"
         p_met = "" if cell["p_met"] is None else f"p_met {cell['p_met']:.2f}"
@@ -96,8 +102,9 @@ def main() -> int:
         predictive = "" if low is None else f"next [{low:.3f}, {high:.3f}]"
         print(
             f"{cell['engine']:9s} {cell['arm']:9s} {cell['metric']:10s} {rate:4s} "
-            f"n {cell['n']:2d}  gmean {cell['gmean']:.3f} {interval:17s} {predictive:22s} "
+            f"n {cell['n']:2d}  gmean {gmean:5s} {interval:17s} {predictive:22s} "
             f"met {cell['met']:2d}/{cell['n']:<2d} {p_met:11s} {cell['verdict']}"
+            + (f"  no ratio: {', '.join(cell['no_ratio'])}" if cell["no_ratio"] else "")
         )
     print()
     print(f"checks by verdict: {result['verdicts']}")
@@ -107,20 +114,20 @@ def main() -> int:
         f"the product of the checks' p_met: {result['p_all_independent']}"
     )
     if args.held_out is not None:
-        rows = read_sim_vs_real_csv(args.held_out)
-        if args.max_noise is not None:
-            noisy = noisy_engines(args.held_out, args.max_noise)
-            rows = [r for r in rows if r["engine"] not in noisy]
+        rows, noisy = measurement_rows(args.held_out, args.max_noise)
         against = held_out(result, rows, keeps_pace=args.keeps_pace)
-        result["held_out"] = {"csv": str(args.held_out), **against}
+        result["held_out"] = {"csv": str(args.held_out), "left_out": noisy, **against}
         print()
-        print(f"held out: {args.held_out}")
+        gone = f"  (left out: {', '.join(noisy)})" if noisy else ""
+        print(f"held out: {args.held_out}{gone}")
         for check in against["checks"]:
             rate = "" if check["rate"] is None else f"{check['rate']:4.1f}"
             low, high = check["predictive"]
             ratio = "none" if check["ratio"] is None else f"{check['ratio']:.3f}"
             where = "no interval" if check["inside"] is None else f"[{low:.3f}, {high:.3f}]"
-            flag = "" if check["inside"] is not False else "  OUTSIDE"
+            flag = ("" if check["inside"] is not False else "  OUTSIDE") + (
+                "" if check["met"] else "  (goal missed)"
+            )
             print(
                 f"{check['engine']:9s} {check['arm']:9s} {check['metric']:10s} {rate:4s} "
                 f"{ratio:>6s} {where}{flag}"

@@ -178,3 +178,20 @@ def test_a_check_made_without_a_ratio_is_named_and_missed_not_dropped() -> None:
     assert saturation["no_ratio"] == ["c"]
     assert (saturation["n"], saturation["met"]) == (2, 2)
     assert result["measurements"]["c"] == {"met": 6, "checked": 8}
+
+
+def test_a_kept_measurement_is_read_without_its_noisy_engines(tmp_path: Path) -> None:
+    # the nineteenth's floors spread past the gate's bar on both engines (0.058 and 0.149 at most)
+    pooled = load_benchmark("sim_vs_real_pooled")
+    for name in (
+        "sim_vs_real-2026-12-06-nineteenth.csv",
+        "cpu_platform-2026-12-06-nineteenth.json",
+    ):
+        (tmp_path / name).write_bytes((DATA / name).read_bytes())
+    path = tmp_path / "sim_vs_real-2026-12-06-nineteenth.csv"
+    every, none_left_out = pooled.measurement_rows(path, None)
+    assert (len(every), none_left_out) == (24, [])
+    assert pooled.measurement_rows(path, 0.045) == ([], ["llamacpp", "vllm_v1"])
+    kept, left_out = pooled.measurement_rows(path, 0.12)
+    assert left_out == ["vllm_v1"]
+    assert {r["engine"] for r in kept} == {"llamacpp"} and len(kept) == 12
