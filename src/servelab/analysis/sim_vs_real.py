@@ -440,7 +440,8 @@ def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     return buffer.getvalue()
 
 
-_TEXT_COLUMNS = ("engine", "arm", "condition")
+# the CSV's text columns, which name a row; every other column is a number
+_KEY_COLUMNS = ("engine", "arm", "condition")
 
 
 def read_sim_vs_real_csv(path: str | Path) -> list[dict[str, Any]]:
@@ -451,11 +452,11 @@ def read_sim_vs_real_csv(path: str | Path) -> list[dict[str, Any]]:
         for line, raw in enumerate(csv.DictReader(handle), start=2):
             row: dict[str, Any] = {}
             for key, text in raw.items():
-                if key in _TEXT_COLUMNS:
+                if key in _KEY_COLUMNS:
                     row[key] = text
                     continue
                 try:
-                    row[key] = float(text) if text not in ("", "nan") else math.nan
+                    row[key] = float(text) if text else math.nan  # `_fmt` writes NaN as empty
                 except ValueError as error:
                     message = f"{path}:{line}: column {key!r} is not a number: {text!r}"
                     raise ValueError(message) from error
@@ -478,9 +479,7 @@ def write_sim_vs_real(
     if out_figure is not None:
         draw_sim_vs_real(rows, out_figure)
     columns = [
-        "engine",
-        "arm",
-        "condition",
+        *_KEY_COLUMNS,
         "rate",
         "offered_rps",
         "arrivals_rps",
