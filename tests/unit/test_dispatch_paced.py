@@ -493,3 +493,17 @@ def test_a_kernel_stamp_is_never_later_than_its_read(monkeypatch: pytest.MonkeyP
     # unclamped, every end would come 0.5 s after its bytes did, and r1 would wait for r0's
     assert by_id["r0"].finished_s - result.trace_start_s < 0.25
     assert by_id["r1"].scheduled_s - result.trace_start_s < 0.25
+
+
+def test_a_responses_arrival_times_never_go_backwards() -> None:
+    """A kernel stamp is taken as the bytes' arrival, bounded above by their read and below by
+    the same response's earlier bytes: a realtime clock stepped back mid-run (a stamp earlier
+    than the bytes before it) cannot put a chunk before the one it followed."""
+    assert paced_module.arrival_s(1.0, 1.2, 1.3) == 1.2  # the stamp, between its bounds
+    assert paced_module.arrival_s(1.0, 1.5, 1.3) == 1.3  # a stamp after its read: the read
+    assert paced_module.arrival_s(1.0, None, 1.3) == 1.3  # no stamp: the read
+    assert paced_module.arrival_s(1.25, 1.2, 1.3) == 1.25  # stepped back: the earlier bytes'
+    times = [0.0]
+    for kernel_s, read_s in [(1.0, 1.1), (1.3, 1.4), (1.25, 1.5), (1.6, 1.7)]:
+        times.append(paced_module.arrival_s(times[-1], kernel_s, read_s))
+    assert times[1:] == [1.0, 1.3, 1.3, 1.6]

@@ -70,6 +70,7 @@ __all__ = [
     "KEEPALIVE_IDLE_S",
     "REQUEST_ID_HEADER",
     "PacedClient",
+    "arrival_s",
     "request_bytes",
 ]
 
@@ -113,6 +114,17 @@ def realtime_minus_monotonic(
         if after - before < best_width:
             best_width, best_offset = after - before, real - (before + after) / 2
     return best_offset
+
+
+def arrival_s(earlier_s: float, kernel_s: float | None, read_s: float) -> float:
+    """When bytes just read from a response arrived, on the run clock: the kernel's receive stamp
+    (`kernel_s`, None without one), bounded above by the read (bytes cannot arrive after they are
+    read: the bound holds if the realtime offset is off by a few microseconds or the realtime
+    clock is stepped forward during the run) and below by the same response's earlier bytes
+    (`earlier_s`: a stream's bytes arrive in order, which holds if the realtime clock is stepped
+    back during the run, so the response's chunk times never go backwards)."""
+    stamp = read_s if kernel_s is None else min(kernel_s, read_s)
+    return max(earlier_s, stamp)
 
 
 def request_bytes(base_url: str, body: bytes, request_id: str) -> bytes:
@@ -446,13 +458,11 @@ class PacedClient:
             return
         conn.received += len(data)
         read_s = self._clock()
+        kernel_s = None
         if ancillary:  # (SOL_SOCKET, SCM_TIMESTAMPNS, struct timespec)
             seconds, nanoseconds = _TIMESPEC.unpack_from(ancillary[0][2])
-            # bytes cannot arrive after they are read: the bound holds if the offset is off
-            # by a few microseconds or the realtime clock is stepped during the run
-            conn.now = min(seconds - self._real_origin + nanoseconds * 1e-9, read_s)
-        else:
-            conn.now = read_s
+            kernel_s = seconds - self._real_origin + nanoseconds * 1e-9
+        conn.now = arrival_s(conn.now, kernel_s, read_s)
         try:
             conn.parser.feed_data(data)
         except httptools.HttpParserError as exc:
