@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from forked_runs import run_forked
 
 # The module's fixture is one costly set-up: every test of it on one xdist worker, so that the
 # two workers do not each build it.
@@ -428,6 +429,15 @@ class Runner:
         for argv in argvs:
             self._run(argv, cwd)
 
+    def _run_forked(self, argvs: Iterable[tuple[str, ...]], cwd: Path) -> None:
+        """Python commands, each in a fork of one interpreter that has imported their common
+        dependencies once (tests/forked_runs.py): a fresh interpreter's imports are most of each."""
+        todo = [argv for argv in dict.fromkeys(argvs) if argv not in self.results]
+        jobs = [(cwd, argv) for argv in todo]
+        results = run_forked(jobs, interpreter=sys.executable, timeout_s=TIMEOUT_S)
+        for argv, result in zip(todo, results, strict=True):
+            self.results[argv] = result
+
     def _make_inputs(self) -> None:
         for folder in (self.real, self.campaign):
             for target, source in DOCUMENTED_INPUTS.items():
@@ -461,10 +471,13 @@ class Runner:
         # `trace compile` first: the other trace commands read the trace it writes
         real = sorted((p for p in every if p.kind == "run"), key=lambda p: "compile" not in p.argv)
         in_campaign = [p.argv for p in every if p.kind == "campaign run"]
+        forked = [p.argv for p in every if _forkable(p) and p not in batched]
         rest = [
             p
             for p in every
-            if p.kind in ("dry run", "help", "make -n", "script") and p not in batched
+            if p.kind in ("dry run", "help", "make -n", "script")
+            and p not in batched
+            and not _forkable(p)
         ]
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             jobs = [
@@ -473,6 +486,7 @@ class Runner:
             ]
             if batched:
                 jobs.append(pool.submit(self._run, batch, self.clean))
+            jobs.append(pool.submit(self._run_forked, forked, self.clean))
             # the snakemake dry runs (seconds each) before the quick --help and make -n
             slow_first = dict.fromkeys(
                 p.argv for p in sorted(rest, key=lambda p: p.kind != "dry run")
@@ -494,6 +508,18 @@ class Runner:
             ]
             for command, ps in plans.items()
         }
+
+
+def _forkable(plan: Plan) -> bool:
+    """A command `Runner._run_forked` runs: the --help of a Python script (`python SCRIPT ...
+    --help`) or of a `servelab` subcommand. Not a `snakemake` dry run: forked after Snakemake's
+    import, it logs more than it does alone (its logging is set up at import), so it runs alone."""
+    argv = plan.argv
+    if plan.kind != "help" or len(argv) < 2:
+        return False
+    if argv[0] == sys.executable:
+        return argv[1].endswith(".py")
+    return argv[0] == str(BIN / "servelab")
 
 
 def _targets(plan: Plan) -> list[str]:
@@ -682,6 +708,7 @@ vllm 0.12.0: a message that names a program, not a command
 
 Also `UPDATE_GOLDENS=1 pytest tests/unit --no-such-flag`, `benchmarks/table5_wall.py --keep DIR`,
 `curl http://127.0.0.1:8000/health` and `frobnicate --all` (no known program: prose).
+And `python benchmarks/table5_wall.py --no-such-option`.
 """
 
 
@@ -714,6 +741,7 @@ def test_extractor_finds_the_commands_of_a_planted_page():
         ("planted.md:38", ("UPDATE_GOLDENS=1", "pytest", "tests/unit", "--no-such-flag")),
         ("planted.md:38", ("benchmarks/table5_wall.py", "--keep", "DIR")),
         ("planted.md:39", ("curl", "http://127.0.0.1:8000/health")),
+        ("planted.md:40", ("python", "benchmarks/table5_wall.py", "--no-such-option")),
     ]
     assert [b.where for b in blocks] == ["planted.md:4"]
     assert [p.argv[1:] for p in plan(commands[7])] == [
@@ -753,4 +781,6 @@ def test_a_planted_bad_command_fails_and_a_good_one_passes(runner: Runner):
         ("UPDATE_GOLDENS=1", "pytest", "tests/unit", "--no-such-flag"): False,
         ("benchmarks/table5_wall.py", "--keep", "DIR"): True,
         ("curl", "http://127.0.0.1:8000/health"): False,  # a known program no rule runs
+        # a script's --help, run in a fork (tests/forked_runs.py), that does not list the option
+        ("python", "benchmarks/table5_wall.py", "--no-such-option"): False,
     }
