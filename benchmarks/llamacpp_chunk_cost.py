@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -43,23 +42,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_fit_stability import MODEL_PRESET
-from cpu_pair_engines import LLAMA_FLAGS
 from llamacpp_engine import machine
+from llamacpp_pair_cost import TOKEN_RANGE
+from llamacpp_pair_cost import model_prompt_s as first_tokens_s
 from parallel_sampling import CLIENT_CORE, decode_calls, served_llama
 from sim_vs_real_fit_rules import step_costs_in
 
 from servelab.sim.cpu_platform import StepCost
-from servelab.sim.run import build_engine
 
 TOKENS = (128, 256, 512, 1024, 1536)
 SETTINGS = {"unchunked": (), "chunked-256": ("--batch-size=256",)}
-TOKEN_RANGE = (1000, 100_000)  # ordinary ids of the Llama-3 vocabulary (128,256)
 TIMEOUT_S = 60.0
-GPU_MEMORY_MIB = 24000  # config/cpu-pair.yaml's gpu.memory_mib: no bearing on llama.cpp's slots
 
 
 def one_prompt(url: str, prompt: list[int]) -> tuple[float, float]:
@@ -119,27 +114,9 @@ def measure(tokens: tuple[int, ...], cycles: int) -> dict[str, Any]:
 def model_prompt_s(cost: StepCost, tokens: int, extra_flags: tuple[str, ...]) -> float:
     """A fresh prompt of `tokens` ids on the simulated llama-server with the setting's flags and
     the platform's step cost: the passes up to its first token, as llama-server's `prompt_ms`
-    counts them (no front end: `per_admitted_s` left out)."""
-    sim = build_engine(
-        engine="llamacpp",
-        flags=[*LLAMA_FLAGS, *extra_flags],
-        gpu_name="CPU",
-        gpu_memory_mib=GPU_MEMORY_MIB,
-        model_preset_name=MODEL_PRESET,
-        step_costs={"llamacpp": dataclasses.replace(cost, per_admitted_s=0.0)},
-    )
-    # The benchmark sends token ids, which llama-server takes as they are; the simulated one adds
-    # a BOS to a prompt as to text, so it gets one id fewer for the same count.
-    n = tokens - (1 if sim.model_preset.bos_token_id is not None else 0)
-    prompt = np.arange(TOKEN_RANGE[0], TOKEN_RANGE[0] + n, dtype=np.int64)
-    sim.model.add_request("prompt", prompt, 1, 0.0)
-    now = 0.0
-    for _ in range(10_000):  # bounded: one prompt's passes
-        it = sim.model.step(now)
-        now = it.end_s
-        if "prompt" in it.emitted:
-            return now
-    raise RuntimeError(f"the simulated llama-server gave no token for {tokens} tokens")
+    counts them (no front end: `per_admitted_s` left out). benchmarks/llamacpp_pair_cost.py's
+    model, for one prompt."""
+    return first_tokens_s(cost, tokens, extra_flags, 1, front_end=False)
 
 
 def summarize(result: dict[str, Any], cost: StepCost | None) -> None:
