@@ -114,8 +114,8 @@ def measure(tokens: int, cycles: int, idle_s: float) -> dict[str, Any]:
         for name, flags in SETTINGS.items():
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             urls[name] = stack.enter_context(served_llama(folder, flags)).url
-        for url in urls.values():  # a long prompt and a pair each first: not counted
-            trial(url, [fresh() + fresh()])
+        for url in urls.values():  # a prompt and a pair each first: not counted
+            trial(url, [fresh()])
             trial(url, [fresh(), fresh()])
         for cycle in range(cycles):
             names = list(SETTINGS) if cycle % 2 == 0 else list(reversed(SETTINGS))
