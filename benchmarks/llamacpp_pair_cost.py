@@ -26,15 +26,16 @@ whether the pair shared its passes.
 Printed per server: the single prompt's median `prompt_ms` and the pair's (the later of its two),
 their llama_decode calls, how many pairs took no more calls than a single prompt (they shared
 their passes), and what the second prompt added, cycle by cycle (the pair less the single just
-before it, so the machine's speed on the day cancels): to the server's `prompt_ms`, and to the
-client's latency. Where the pair shares its passes (vendor defaults) both prompts' `prompt_ms`
-span the same pass, and the first addition is that pass's extra cost; where it does not
-(matched: a pass holds at most 256 tokens, whoever's), each prompt's `prompt_ms` spans its own
-passes only, and the latency is the measure. With `--platform` (a CPU platform file), the same two
-additions from its step model: the simulated llama-server (`servelab.sim.llamacpp`, its
-micro-batches and calls) on the platform's step cost, the prompts added at one instant, with the
-front end (`per_admitted_s`) left out for `prompt_ms` and kept for the latency. `--from` prints a
-kept result again without measuring.
+before it, so the machine's speed on the day cancels): to the server's `prompt_ms`, also as a
+share of the single prompt's, and to the client's latency. Where the pair shares its passes
+(vendor defaults) both prompts' `prompt_ms` span the same pass, and the first addition is that
+pass's extra cost; where it does not (matched: a pass holds at most 256 tokens, whoever's), each
+prompt's `prompt_ms` spans its own passes only, and the latency is the measure. With
+`--platform` (a CPU platform file), the same additions and share from its step model: the
+simulated llama-server (`servelab.sim.llamacpp`, its micro-batches and calls) on the platform's
+step cost, the prompts added at one instant, with the front end (`per_admitted_s`) left out for
+`prompt_ms` and kept for the latency. `--from` prints a kept result again without measuring,
+under any platform file.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def summarize(result: dict[str, Any], cost: StepCost | None) -> list[dict[str, A
     """Per server: the single's and the pair's (the later prompt's) median prompt_ms and calls,
     the pairs that took no more llama_decode calls than a single prompt, and what the second
     prompt added, cycle by cycle (the pair less the single just before it): to the server's
-    prompt_ms and to the client's latency; with `cost` the model's same two additions."""
+    prompt_ms, as a share of the single's, and to the client's latency; with `cost` the model's
+    same additions and share."""
     rows = []
     for name, kinds in result["trials"].items():
         singles, pairs = kinds["single"], kinds["pair"]
@@ -198,6 +200,8 @@ def summarize(result: dict[str, Any], cost: StepCost | None) -> list[dict[str, A
                 2,
             ),
         }
+        # the addition as a share of a single prompt, on the server's own clock
+        row["extra_share"] = round(row["extra_prompt_ms"] / row["single_prompt_ms"], 3)
         if cost is not None:
             flags = tuple(result["settings"][name])
             for key, front_end in (
@@ -209,6 +213,8 @@ def summarize(result: dict[str, Any], cost: StepCost | None) -> list[dict[str, A
                     for k in (1, 2)
                 )
                 row[key] = round(1e3 * (two - one), 2)
+                if not front_end:  # the model's share, as prompt_ms counts a prompt
+                    row["model_extra_share"] = round((two - one) / one, 3)
         rows.append(row)
     return rows
 
@@ -235,7 +241,7 @@ def main() -> int:
     rows = summarize(result, cost)
     print(
         f"{'server':9s} {'single ms':>9} {'pair ms':>8} {'calls 1/2':>9} {'shared':>7} "
-        f"{'+prompt ms':>10} {'model':>6} {'+latency ms':>11} {'model':>6}"
+        f"{'+prompt ms':>10} {'model':>6} {'share':>5} {'model':>5} {'+latency ms':>11} {'model':>6}"
     )
     for row in rows:
         print(
@@ -243,6 +249,7 @@ def main() -> int:
             f"{row['single_calls']:4.0f}/{row['pair_calls']:<4.0f} "
             f"{row['pairs_sharing_calls']:3d}/{row['pairs']:<3d} "
             f"{row['extra_prompt_ms']:10.2f} {row.get('model_extra_prompt_ms', '')!s:>6} "
+            f"{row['extra_share']:5.2f} {row.get('model_extra_share', '')!s:>5} "
             f"{row['extra_latency_ms']:11.2f} {row.get('model_extra_latency_ms', '')!s:>6}"
         )
     if args.out and not args.kept:

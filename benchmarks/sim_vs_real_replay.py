@@ -15,11 +15,13 @@ This predicts every loaded run of `--results` at rates up to `--max-rate` graphs
 with each request a root sent at the real run's own time after the trace's start (its real
 `sent_s` less the run's `trace_start_s`; a request the real run never sent is left out), on the
 results folder's own fitted platform. It prints, per engine, arm and condition:
-- TTFT p50 and p95, predicted ÷ real, as the workflow computes them (`read_run`: the mean over the
-  repetitions of each run's percentile), for the workflow's own prediction and for the replay;
+- TTFT p50 and p95, predicted ÷ real, by the workflow's own reduction (`compare_runs`: the mean
+  over the repetitions of each run's percentile), for the workflow's own prediction and for the
+  replay;
 - on the replay, where both sides send every request at one time, the median of each request's
-  own predicted ÷ real TTFT, for the requests that met no other (nothing in flight when sent,
-  nothing sent before its first token, on the real run) and for the rest.
+  own predicted ÷ real TTFT, for the requests that met no other on the real run
+  (`sim_vs_real_lone.lone`: nothing in flight when sent, nothing sent before its first token)
+  and for the rest.
 
 If the replay's ratios match the workflow's, the miss is in what the passes cost, not in when the
 requests arrive. Nothing under `--results` is written.
@@ -42,12 +44,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_vs_real_fit_rules import loaded_runs
+from sim_vs_real_fit_rules import loaded_runs, run_pair
+from sim_vs_real_lone import lone, requests
 from sim_vs_real_slowdown import add_config_arguments, config_of, platform_file, predict_into
 
 import servelab.sim.run as sim_run
-from servelab.analysis.sim_vs_real import read_run
-from servelab.grid.config import conditions
+from servelab.analysis.sim_vs_real import RunPair, compare_runs
+from servelab.grid.config import analysis_settings, conditions
 from servelab.workload.loader import LoadedTrace
 
 
@@ -96,43 +99,23 @@ def sent_as(arrivals: Mapping[str, float]) -> Iterator[None]:
         yield
 
 
-def ttfts(run_dir: Path) -> dict[str, tuple[float, float, float]]:
-    """request id -> (sent, TTFT, last token) of every trace request with a token."""
-    t = pq.read_table(run_dir / "requests.parquet").to_pydict()
-    out = {}
-    for rid, warmup, sent, chunks in zip(
-        t["request_id"], t["warmup"], t["sent_s"], t["chunk_times_s"], strict=True
-    ):
-        if not warmup and sent is not None and chunks:
-            out[rid] = (sent, chunks[0] - sent, chunks[-1])
-    return out
-
-
-def met_no_other(real: Mapping[str, tuple[float, float, float]]) -> set[str]:
-    """The requests of a real run that met no other: none in flight when sent, none sent before
-    its first token."""
-    alone = set()
-    for rid, (sent, ttft, _end) in real.items():
-        if not any(
-            (s < sent < e) or (sent < s < sent + ttft)
-            for other, (s, _t, e) in real.items()
-            if other != rid
-        ):
-            alone.add(rid)
-    return alone
-
-
-def per_request_ratios(
-    real: Mapping[str, tuple[float, float, float]],
-    predicted: Mapping[str, tuple[float, float, float]],
-) -> dict[str, list[float]]:
-    """Each request's predicted ÷ real TTFT, split into the lone ones and the rest."""
-    alone = met_no_other(real)
+def per_request_ratios(real_dir: Path, predicted_dir: Path) -> dict[str, list[float]]:
+    """Each request's predicted ÷ real TTFT, split into the requests that met no other on the real
+    run (`sim_vs_real_lone.lone`: none in flight when sent, none sent before its first token) and
+    the rest."""
+    measured = requests(real_dir / "requests.parquet")
+    guess = requests(predicted_dir / "requests.parquet")
+    guessed = dict(zip(guess["id"], guess["ttft"], strict=True))
+    alone = {rid for rid, _ttft, _idle in lone(measured)}
     out: dict[str, list[float]] = {"lone": [], "met": []}
-    for rid, (_s, ttft, _e) in real.items():
-        if rid in predicted and ttft > 0:
-            out["lone" if rid in alone else "met"].append(predicted[rid][1] / ttft)
+    for rid, warmup, ttft in zip(measured["id"], measured["warmup"], measured["ttft"], strict=True):
+        if not warmup and ttft > 0 and np.isfinite(guessed.get(rid, np.nan)):
+            out["lone" if rid in alone else "met"].append(float(guessed[rid] / ttft))
     return out
+
+
+def _fmt(value: float | None) -> str:
+    return "  -  " if value is None else f"{value:.3f}"
 
 
 def main() -> int:
@@ -154,55 +137,55 @@ def main() -> int:
     ]
     if not runs:
         raise SystemExit(f"{args.results}: no loaded run at rates up to {args.max_rate} graphs/s")
-    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    by_side: dict[str, list[RunPair]] = {"workflow": [], "replay": []}
+    split: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    keeps_pace = analysis_settings(config)["keeps_pace"]
     with tempfile.TemporaryDirectory() as tmp:
-        for arm, engine, condition, rep in runs:
-            name = f"{arm}/{engine}/{condition}/{rep}"
+        for run in runs:
+            arm, engine, condition, _rep = run
+            name = "/".join(run)
             real_dir = args.results / "runs" / name
-            workflow_dir = args.results / "sim_vs_real" / "predicted" / name
             replay_dir = Path(tmp) / name
             replay_dir.mkdir(parents=True)
             with sent_as(real_arrivals(real_dir)):
                 predict_into(args.results, config, name, platform, replay_dir)
-            duration = float(by_condition[condition].duration_s)
-            g = groups.setdefault(
-                (engine, arm, condition),
-                {"real": [], "workflow": [], "replay": [], "lone": [], "met": []},
-            )
-            for side, folder in (("real", real_dir), ("workflow", workflow_dir)):
-                g[side].append(read_run(folder, engine, duration).values)
-            g["replay"].append(read_run(replay_dir, engine, duration).values)
-            split = per_request_ratios(ttfts(real_dir), ttfts(replay_dir))
-            g["lone"] += split["lone"]
-            g["met"] += split["met"]
+            workflow_dir = args.results / "sim_vs_real" / "predicted" / name
+            by_side["workflow"].append(run_pair(by_condition, run, real_dir, workflow_dir))
+            by_side["replay"].append(run_pair(by_condition, run, real_dir, replay_dir))
+            kinds = split.setdefault((engine, arm, condition), {"lone": [], "met": []})
+            for kind, ratios in per_request_ratios(real_dir, replay_dir).items():
+                kinds[kind] += ratios
+        # the workflow's own reduction of both sides (`compare_runs`: each run's percentiles,
+        # averaged over the repetitions whose real run is `ok`)
+        compared = {
+            side: {
+                (r["engine"], r["arm"], r["condition"]): r
+                for r in compare_runs(pairs, keeps_pace=keeps_pace)[0]
+            }
+            for side, pairs in by_side.items()
+        }
     out: dict[str, Any] = {"results": str(args.results), "max_rate": args.max_rate, "rows": []}
     print(
         f"{'engine':9s} {'arm':9s} {'condition':10s} reps | TTFT p50 ÷: workflow replay"
         " | p95 ÷: workflow replay | replay, each request: lone (n)  met (n)"
     )
-    for (engine, arm, condition), g in sorted(groups.items()):
+    for key, kinds in sorted(split.items()):
+        engine, arm, condition = key
         row: dict[str, Any] = {"engine": engine, "arm": arm, "condition": condition}
-        row["reps"] = len(g["real"])
+        row["reps"] = compared["workflow"][key]["reps"]
         for metric in ("ttft_p50", "ttft_p95"):
-            real = float(np.mean([v[metric] for v in g["real"]]))
             for side in ("workflow", "replay"):
-                row[f"{metric}_{side}"] = round(
-                    float(np.mean([v[metric] for v in g[side]])) / real, 4
-                )
+                row[f"{metric}_{side}"] = round(compared[side][key][f"{metric}_ratio"], 4)
         for kind in ("lone", "met"):
-            row[f"{kind}_n"] = len(g[kind])
-            row[f"{kind}_median"] = round(float(np.median(g[kind])), 4) if g[kind] else None
+            row[f"{kind}_n"] = len(kinds[kind])
+            row[f"{kind}_median"] = round(float(np.median(kinds[kind])), 4) if kinds[kind] else None
         out["rows"].append(row)
-
-        def fmt(value: float | None) -> str:
-            return "  -  " if value is None else f"{value:.3f}"
-
         print(
             f"{engine:9s} {arm:9s} {condition:10s} {row['reps']:4d} |"
             f"          {row['ttft_p50_workflow']:.3f}  {row['ttft_p50_replay']:.3f}"
             f" |        {row['ttft_p95_workflow']:.3f}  {row['ttft_p95_replay']:.3f}"
-            f" | {fmt(row['lone_median'])} ({row['lone_n']:3d})"
-            f"  {fmt(row['met_median'])} ({row['met_n']:3d})"
+            f" | {_fmt(row['lone_median'])} ({row['lone_n']:3d})"
+            f"  {_fmt(row['met_median'])} ({row['met_n']:3d})"
         )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -75,8 +75,21 @@ def test_the_summary_takes_each_pairs_later_prompt_and_what_it_added_cycle_by_cy
     assert rows["defaults"]["pair_prompt_ms"] == 40.0  # the later of each pair: 40, 45, 31
     # cycle by cycle (20, 23, 21), not median against median (40 - 20)
     assert rows["defaults"]["extra_prompt_ms"] == 21.0
+    assert rows["defaults"]["extra_share"] == 1.05  # 21 of the single's 20
     assert rows["defaults"]["extra_latency_ms"] == 12.0
     assert (rows["defaults"]["pairs_sharing_calls"], rows["defaults"]["pairs"]) == (2, 3)
     assert rows["matched"]["pairs_sharing_calls"] == 0
     assert rows["matched"]["extra_latency_ms"] == 15.0
     assert "model_extra_prompt_ms" not in rows["defaults"]
+    # with a platform: the model's share, as prompt_ms counts a prompt (no front end). With the
+    # mask's checks alone, the pair's two sequences in 256-token micro-batches check 278,976
+    # cells against one 512-token prompt's 262,144 (`mask_work`)
+    priced = {
+        r["server"]: r
+        for r in pair_cost.summarize(result, _cost(per_mask_check_s=1e-8, per_admitted_s=0.01))
+    }
+    assert priced["defaults"]["model_extra_share"] == pytest.approx(
+        (278_976 - 262_144) / 262_144, abs=1e-3
+    )
+    assert priced["defaults"]["model_extra_prompt_ms"] == pytest.approx(0.17, abs=0.01)
+    assert priced["defaults"]["model_extra_latency_ms"] == pytest.approx(10.17, abs=0.01)

@@ -118,16 +118,39 @@ def test_the_real_arrivals_are_after_the_trace_start_without_warm_ups_or_unsent(
     assert replay.real_arrivals(run) == pytest.approx({"a": 0.05, "b": 1.0})
 
 
-def test_requests_are_split_by_whether_they_met_another() -> None:
-    # a and d alone; c is sent before b's first token, so b and c both met another
-    real = {
-        "a": (0.0, 0.02, 0.10),
-        "b": (1.0, 0.05, 1.20),
-        "c": (1.03, 0.04, 1.30),
-        "d": (2.0, 0.02, 2.10),
-    }
-    assert replay.met_no_other(real) == {"a", "d"}
-    predicted = {k: (s, t * (0.5 if k in ("b", "c") else 1.0), e) for k, (s, t, e) in real.items()}
+def test_requests_are_split_by_whether_they_met_another_on_the_real_run(tmp_path: Path) -> None:
+    # a and d alone; c is sent before b's first token, so b and c both met another; e is sent
+    # while f is in flight, and met it, while f had its first token before e came, so is lone
+    # for its TTFT; the warm-up is never counted
+    real = _write_run(
+        tmp_path / "real",
+        [
+            ("warmup-00", True, -1.0, [-0.9]),
+            ("a", False, 0.0, [0.02, 0.10]),
+            ("b", False, 1.0, [1.05, 1.20]),
+            ("c", False, 1.03, [1.07, 1.30]),
+            ("d", False, 2.0, [2.02, 2.10]),
+            ("f", False, 3.0, [3.01, 3.50]),
+            ("e", False, 3.2, [3.22, 3.30]),
+        ],
+    )
+    # the prediction: half the real TTFT for b, c and e, the same for the rest
+    halved = {"b", "c", "e"}
+    predicted = _write_run(
+        tmp_path / "predicted",
+        [
+            (rid, warmup, sent, [sent + (0.5 if rid in halved else 1.0) * (first - sent)])
+            for rid, warmup, sent, (first, *_rest) in [
+                ("warmup-00", True, -1.0, [-0.9]),
+                ("a", False, 0.0, [0.02]),
+                ("b", False, 1.0, [1.05]),
+                ("c", False, 1.03, [1.07]),
+                ("d", False, 2.0, [2.02]),
+                ("f", False, 3.0, [3.01]),
+                ("e", False, 3.2, [3.22]),
+            ]
+        ],
+    )
     split = replay.per_request_ratios(real, predicted)
-    assert split["lone"] == pytest.approx([1.0, 1.0])
-    assert split["met"] == pytest.approx([0.5, 0.5])
+    assert sorted(split["lone"]) == pytest.approx([1.0, 1.0, 1.0])  # a, d, f
+    assert sorted(split["met"]) == pytest.approx([0.5, 0.5, 0.5])  # b, c, e
