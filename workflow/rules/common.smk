@@ -585,14 +585,16 @@ def floor_block(wildcards):
 
 
 def floor_shape(wildcards):
-    """The floor trace's requests, and its idle gaps (config floor.idle_gaps) only when it has
-    them: a floor without them keeps the params it was made with."""
+    """The floor trace's requests, and its idle gaps (config floor.idle_gaps) and requests sent
+    together (floor.shapes[].together) only when it has them: a floor without them keeps the
+    params it was made with."""
     shape = FLOOR_SHAPES[wildcards.floor]
     gaps = grid.floor_idle_gaps(config)
     return {
         "sharing": shape.sharing,
         "prompt_tokens": shape.prompt_tokens,
         **({"idle_gaps": gaps} if gaps else {}),
+        **({"together": shape.together} if shape.together > 1 else {}),
     }
 
 

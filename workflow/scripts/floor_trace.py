@@ -7,7 +7,9 @@ from servelab.workload.floor import IdleGaps, compile_floor_trace_files
 with log_to(snakemake.log[0]):  # `snakemake` is injected by Snakemake
     # the shape whose id is the {floor} wildcard (the workflow's floor shapes are keyed by it)
     shape = FloorShape(
-        float(snakemake.params.shape["sharing"]), int(snakemake.params.shape["prompt_tokens"])
+        float(snakemake.params.shape["sharing"]),
+        int(snakemake.params.shape["prompt_tokens"]),
+        int(snakemake.params.shape.get("together", 1)),
     )
     compile_floor_trace_files(
         shape=shape,

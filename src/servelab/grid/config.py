@@ -57,6 +57,7 @@ __all__ = [
     "floor_blocks",
     "floor_bracket_band",
     "floor_bracket_max_noise",
+    "floor_extra_shapes",
     "floor_idle_gaps",
     "floor_run_config",
     "floor_settings",
@@ -819,26 +820,40 @@ def offered_load(condition: Condition, workload: Mapping[str, Any]) -> float:
 FLOOR_DEFAULTS = {"requests": 50, "repetitions": 1}
 # The bracket's default agreement band: the goal's X band (docs/simulator.md).
 FLOOR_BRACKET_BAND = 0.05
+# The most requests of a floor shape sent together (config `floor.shapes[].together`).
+MAX_FLOOR_TOGETHER = 16
 
 
 @dataclass(frozen=True)
 class FloorShape:
-    """A condition without its rate, duration and arrivals: what the floor's requests look like."""
+    """A condition without its rate, duration and arrivals: what the floor's requests look like,
+    and how many of them are sent together (`together`; 1, one request at a time, unless given:
+    servelab.workload.floor, "Prompts sent together")."""
 
     sharing: float
     prompt_tokens: int
+    together: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.together <= MAX_FLOOR_TOGETHER:
+            raise ValueError(
+                f"config key floor.shapes[].together: must be 1 to {MAX_FLOOR_TOGETHER}, "
+                f"got {self.together}"
+            )
 
     @property
     def id(self) -> str:
-        """`floor-s0.90-L4096`: the floor's condition id (it seeds the floor's trace)."""
-        return f"floor-s{self.sharing:.2f}-L{self.prompt_tokens}"
+        """`floor-s0.90-L4096`, or `floor-s0.00-L512-x2` for two requests sent together: the
+        floor's condition id (it seeds the floor's trace)."""
+        together = f"-x{self.together}" if self.together > 1 else ""
+        return f"floor-s{self.sharing:.2f}-L{self.prompt_tokens}{together}"
 
     @classmethod
     def from_id(cls, floor_id: str) -> FloorShape:
-        match = re.fullmatch(r"floor-s([0-9]+\.[0-9]{2})-L([0-9]+)", floor_id)
+        match = re.fullmatch(r"floor-s([0-9]+\.[0-9]{2})-L([0-9]+)(?:-x([0-9]+))?", floor_id)
         if match is None:
-            raise ValueError(f"{floor_id!r} is not a floor id (floor-s<sharing>-L<tokens>)")
-        return cls(float(match.group(1)), int(match.group(2)))
+            raise ValueError(f"{floor_id!r} is not a floor id (floor-s<sharing>-L<tokens>[-x<n>])")
+        return cls(float(match.group(1)), int(match.group(2)), int(match.group(3) or 1))
 
 
 @dataclass(frozen=True)
@@ -916,7 +931,10 @@ def floor_extra_shapes(config: Mapping[str, Any]) -> list[FloorShape]:
     its conditions' own (the single-request step sweep a CPU platform is fitted from:
     docs/simulator.md, "Against the real engines")."""
     given = (config.get("floor") or {}).get("shapes") or []
-    return [FloorShape(float(s["sharing"]), int(s["prompt_tokens"])) for s in given]
+    return [
+        FloorShape(float(s["sharing"]), int(s["prompt_tokens"]), int(s.get("together", 1)))
+        for s in given
+    ]
 
 
 def floor_blocks(config: Mapping[str, Any]) -> list[FloorBlock]:

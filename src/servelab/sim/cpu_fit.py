@@ -245,9 +245,10 @@ def floor_passes(
     warmup_rows: WarmupRows = "gaps",
 ) -> FloorPasses:
     """Every floor request of `run` replayed through the engine's simulated scheduler as it was
-    sent: the run's warm-ups at their scheduled times (the floor's only passes with more than one
-    sequence: the decode cost against batch size), then the floor's requests one at a time, each
-    after its idle gap (its trace's `tool_delay_s`: 0 but for a floor with idle gaps). One
+    sent: the run's warm-ups at their scheduled times (passes with more than one sequence: the
+    decode cost against batch size), then the floor's requests one at a time, or the requests a
+    shape sends together (config `floor.shapes[].together`) together, each after its idle gap
+    (its trace's `tool_delay_s`: 0 but for a floor with idle gaps). One
     TTFT row and one row per inter-token gap, each with the features of the passes it spans.
     `timing`: a step cost fitted before, whose step and front-end times decide which pass admits
     each warm-up.
@@ -277,7 +278,13 @@ def floor_passes(
     groups: list[tuple[list[dict[str, Any]], bool]] = []
     if warmup_rows != "none" and warmups and all(r["prompt_tokens"] for r in warmups):
         groups.append((warmups, True))
-    groups += [([r], k > 0) for k, r in enumerate(measured)]
+    # Requests released together (a floor shape's `together`: every one depends on the same
+    # requests) are sent together, as the real ones were; one at a time, each is its own group.
+    released = {r.request_id: r.depends_on for r in trace.requests}
+    together: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in measured:
+        together.setdefault(released[r["request_id"]], []).append(r)
+    groups += [(group, k > 0) for k, group in enumerate(together.values())]
     bos = sim.model_preset.bos_token_id is not None
     delays = {r.request_id: r.tool_delay_s for r in trace.requests}
     after_gap = AFTER_IDLE_REQUESTS  # requests since the last idle gap
@@ -300,8 +307,8 @@ def floor_passes(
             for k, r in enumerate(group)
         ]
         per_token, now = _replay(model, recorder, prompts, now)
-        # The first floor request may meet a prefix cache the real engine kept from an earlier
-        # run of the deployment, which the replay cannot know: it is not a fitting row.
+        # The first floor request (or group) may meet a prefix cache the real engine kept from an
+        # earlier run of the deployment, which the replay cannot know: it is not a fitting row.
         if not fitted:
             continue
         after_idle = after_gap < AFTER_IDLE_REQUESTS

@@ -23,6 +23,16 @@ n, 2n, 3n, ... wait the next of `seconds` (cycling) after their predecessor's la
 records the gaps (`floor.idle_gaps`), and the trace validator admits exactly those delays on a floor
 trace. The floor's TTFT then includes the requests after an idle: the fit (servelab.sim.cpu_fit)
 keeps them apart.
+
+**Prompts sent together** (config `floor.shapes[].together`, 1 unless given). One request at a
+time, the floor never has a pass of several prompts, so it cannot price one: in a single prompt
+the per-token cost and the attention mask's square term grow together, and a fit splits them its
+own way, while two prompts in one pass double the first and not the second (docs/simulator.md,
+"The pass of two prompts, measured"). A shape with `together: k` is a chain of groups of k
+requests: every request of a group depends on every request of the group before it, so the
+group is released, and sent, together when the last of the group before it has finished, as a
+graph's workers are when their planner ends. Idle gaps then fall before groups (the group at
+positions n, 2n, ...). The last group holds what is left of `requests`.
 """
 
 from __future__ import annotations
@@ -74,7 +84,7 @@ class IdleGaps:
         return cls(int(given["every"]), tuple(float(x) for x in given["seconds"]))
 
     def delays(self, n: int) -> list[float]:
-        """The tool delay of each of a chain's `n` requests."""
+        """The tool delay of each of a chain's `n` requests (or groups sent together)."""
         return [
             self.seconds[(k // self.every - 1) % len(self.seconds)]
             if k > 0 and k % self.every == 0
@@ -93,10 +103,13 @@ def floor_trace(
     condition: str,
     requests: int,
     idle_gaps: IdleGaps | None = None,
+    together: int = 1,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """The closed-loop chain of the first `requests` rows of a compiled trace (module docstring),
-    with `idle_gaps` if given: (TRACE_SCHEMA table, manifest without `checks` and
-    `trace_sha256`)."""
+    in groups of `together` sent together, with `idle_gaps` if given: (TRACE_SCHEMA table,
+    manifest without `checks` and `trace_sha256`)."""
+    if together < 1:
+        raise ValueError(f"floor of {condition}: together must be at least 1, got {together}")
     if requests < 1:
         raise ValueError(f"floor of {condition}: requests must be at least 1, got {requests}")
     if table.num_rows < requests:
@@ -120,15 +133,22 @@ def floor_trace(
         "arrival_s",
         pa.array(np.zeros(n), type=pa.float64()),
     )
+    # each request's group, and every group's requests: a group waits for all of the one before
+    group = [r // together for r in range(n)]
+    members = [ids[g * together : (g + 1) * together] for g in range(group[-1] + 1)]
+    group_delays = idle_gaps.delays(len(members)) if idle_gaps else [0.0] * len(members)
     chain = chain.set_column(
         chain.schema.get_field_index("depends_on"),
         "depends_on",
-        pa.array([[]] + [[ids[r - 1]] for r in range(1, n)], type=pa.list_(pa.string())),
+        pa.array(
+            [members[group[r] - 1] if group[r] > 0 else [] for r in range(n)],
+            type=pa.list_(pa.string()),
+        ),
     )
     chain = chain.set_column(
         chain.schema.get_field_index("tool_delay_s"),
         "tool_delay_s",
-        pa.array(idle_gaps.delays(n) if idle_gaps else np.zeros(n), type=pa.float64()),
+        pa.array([group_delays[group[r]] for r in range(n)], type=pa.float64()),
     )
     chain = chain.cast(TRACE_SCHEMA)
     prefix = np.asarray(chain.column("prefix_tokens").to_numpy(), dtype=np.int64)
@@ -146,7 +166,12 @@ def floor_trace(
             "protocol": (
                 "closed loop, one request at a time: every request depends on the one before it "
                 "with no tool delay, so it is sent when its predecessor's last token arrives"
+                if together == 1
+                else f"closed loop, {together} requests at a time: every request depends on "
+                "every request of the group before it with no tool delay, so a group is sent "
+                "together when the last of the group before it has finished"
             ),
+            **({"together": together} if together > 1 else {}),
             "requests": n,
             "order": "the source trace's first rows, in role order (planners, workers, aggregators)",
             "roles": {role: roles.count(role) for role in ROLE_ORDER},
@@ -175,7 +200,7 @@ def compile_floor_trace_files(
     idle_gaps: IdleGaps | None = None,
 ) -> dict[str, Any]:
     """Compile the floor trace of one shape (module docstring; its id names the floor's
-    condition), with `idle_gaps` if given, validate it (the six checks) and write trace.parquet
+    condition, its `together` the requests sent together), with `idle_gaps` if given, validate it (the six checks) and write trace.parquet
     and manifest.json atomically; return the manifest.
 
     The source trace runs at FLOOR_SOURCE_RATE for a duration that holds `requests` requests on
@@ -204,7 +229,12 @@ def compile_floor_trace_files(
         condition=source, rep=rep, seed=seed, workload=workload, tokenizer=tokenizer
     )
     chain, floor_manifest = floor_trace(
-        table, manifest, condition=shape.id, requests=requests, idle_gaps=idle_gaps
+        table,
+        manifest,
+        condition=shape.id,
+        requests=requests,
+        idle_gaps=idle_gaps,
+        together=shape.together,
     )
     return write_validated_trace(
         chain, floor_manifest, trace_path=trace_path, manifest_path=manifest_path
