@@ -4,7 +4,7 @@ rules of the fit (issue 26; docs/simulator.md, "Against the real engines").
     .venv/bin/python benchmarks/sim_vs_real_fit_rules.py --results results \\
         [--variant gaps] [--variant gaps_and_ttft] [--variant none] \\
         [--variant vllm_v1=gaps,llamacpp=none] [--without per_mask_cell_s per_mask_check_s] \\
-        [--fixed llamacpp.per_wakeup_s=5e-6] \\
+        [--fixed llamacpp.per_wakeup_s=5e-6] [--without-floor floor-s0.00-L512-x2] \\
         [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT] [--keep KEEP]
 
 A variant names the warm-up rows of the fit (`servelab.sim.cpu_fit.WarmupRows`), for every
@@ -21,7 +21,10 @@ sim_vs_real.json, the script says whether its own summary is the same. `--withou
 named coefficients at 0 in every variant: the step model without those terms (with the mask
 terms named, the model before 2026-12-05). `--fixed ENGINE.COEFFICIENT=VALUE` holds one engine's
 coefficient at a value measured elsewhere (a benchmark's) and fits the rest to what it leaves: on
-a floor that cannot measure a term, what the term would have done. Everything it predicts goes to
+a floor that cannot measure a term, what the term would have done. `--without-floor FLOOR_ID`
+leaves that floor shape's runs out of every fit: the same day's floor without it (the pairs of
+config `floor.shapes[].together`, say), which tells what the shape changes from the day's level.
+Every check's ratio goes to `--json` (`ratios`), the misses also to `missed`. Everything it predicts goes to
 a temporary folder (with `--keep KEEP`, to KEEP/VARIANT, for the other benchmarks to read);
 nothing under `--results` is written.
 
@@ -108,6 +111,19 @@ def parse_fixed(texts: list[str], engines: list[str]) -> dict[str, dict[str, flo
     return fixed
 
 
+def without_floors(runs: list[FloorRun], floor_ids: list[str]) -> list[FloorRun]:
+    """`runs` less those of the floor shapes `floor_ids` (each must have runs: a misspelt id
+    would leave the fit as it was, silently)."""
+    shapes = {r.trace_dir.parent.name for r in runs}
+    unknown = sorted(set(floor_ids) - shapes)
+    if unknown:
+        raise SystemExit(
+            f"--without-floor {' '.join(unknown)}: no floor run of that shape "
+            f"(the floor has {', '.join(sorted(shapes))})"
+        )
+    return [r for r in runs if r.trace_dir.parent.name not in floor_ids]
+
+
 def step_costs_in(path: Path) -> dict[str, StepCost]:
     """The step costs of a CPU platform file (`write_cpu_platform`), or of this script's `--json`
     (its `gaps` variant's fit), for a benchmark that prices passes on either."""
@@ -177,6 +193,7 @@ def tally(summary: dict[str, Any]) -> dict[str, Any]:
             "met": s["met"] + s["saturation_met"],
             "checked": s["checked"] + 1,
             "saturation_ratio": s["saturation_ratio"],
+            "ratios": {f"{c['condition']} {c['metric']}": c["ratio"] for c in s["checks"]},
             "missed": [
                 f"{c['condition']} {c['metric']} {c['ratio']}" for c in s["checks"] if not c["met"]
             ]
@@ -208,6 +225,13 @@ def main() -> int:
         default=[],
         help="ENGINE.COEFFICIENT=VALUE held at VALUE in every variant (the rest fitted)",
     )
+    parser.add_argument(
+        "--without-floor",
+        nargs="+",
+        default=[],
+        metavar="FLOOR_ID",
+        help="floor shapes (floor-s0.00-L512-x2) whose runs are left out of every fit",
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     parser.add_argument(
@@ -217,7 +241,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     config = config_of(args)
-    runs = floor_runs(args.results)
+    runs = without_floors(floor_runs(args.results), args.without_floor)
     engines = sorted({r.engine for r in runs})
     if not engines or not loaded_runs(args.results):
         raise SystemExit(f"{args.results}: no ok floor run or no loaded run to score")
@@ -228,6 +252,7 @@ def main() -> int:
         "results": str(args.results),
         "without": list(without),
         "fixed": fixed,
+        "without_floor": list(args.without_floor),
         "variants": {},
     }
     for text in args.variant or list(WARMUP_ROWS):

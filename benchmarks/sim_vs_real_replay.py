@@ -2,7 +2,8 @@
 light-load TTFT with the real arrivals").
 
     .venv/bin/python benchmarks/sim_vs_real_replay.py --results results [--max-rate 2] \\
-        [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] [--json OUT]
+        [--platform PLATFORM.json] [--configfile config/cpu-pair.yaml config/sim-vs-real.yaml] \\
+        [--json OUT]
 
 A loaded run's trace is a set of agent graphs: a graph's planner arrives on the seeded schedule,
 its workers when the planner has finished and their tool calls have returned, its aggregator when
@@ -14,7 +15,8 @@ measurements"), could come from that feedback rather than from the price of the 
 This predicts every loaded run of `--results` at rates up to `--max-rate` graphs/s a second time,
 with each request a root sent at the real run's own time after the trace's start (its real
 `sent_s` less the run's `trace_start_s`; a request the real run never sent is left out), on the
-results folder's own fitted platform. It prints, per engine, arm and condition:
+results folder's own fitted platform, or on `--platform` (another fit of the same floor:
+`sim_vs_real_fit_rules.py --keep`; the "workflow" columns stay the workflow's). It prints, per engine, arm and condition:
 - TTFT p50 and p95, predicted ÷ real, by the workflow's own reduction (`compare_runs`: the mean
   over the repetitions of each run's percentile), for the workflow's own prediction and for the
   replay;
@@ -124,11 +126,14 @@ def main() -> int:
     )
     parser.add_argument("--results", type=Path, default=Path("results"))
     parser.add_argument("--max-rate", type=float, default=2.0, help="graphs/s (default 2)")
+    parser.add_argument(
+        "--platform", type=Path, help="the platform file the replay predicts on (default: the fit)"
+    )
     add_config_arguments(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = config_of(args)
-    platform = platform_file(args.results)
+    platform = platform_file(args.results, args.platform)
     by_condition = conditions(config)
     runs = [
         run
@@ -164,7 +169,10 @@ def main() -> int:
             }
             for side, pairs in by_side.items()
         }
-    out: dict[str, Any] = {"results": str(args.results), "max_rate": args.max_rate, "rows": []}
+    out: dict[str, Any] = {"results": str(args.results), "max_rate": args.max_rate}
+    if args.platform is not None:
+        out["platform"] = str(args.platform)
+    out["rows"] = []
     print(
         f"{'engine':9s} {'arm':9s} {'condition':10s} reps | TTFT p50 ÷: workflow replay"
         " | p95 ÷: workflow replay | replay, each request: lone (n)  met (n)"

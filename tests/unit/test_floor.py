@@ -385,19 +385,24 @@ def test_max_in_flight_counts_overlaps_and_not_touching_ends() -> None:
     assert max_in_flight(reduce_requests(overlapping, "o")) == 3
 
 
-def write_run(folder: Path, *, status: str, spans: list[tuple[float, float]], rep: str) -> None:
+def write_run(
+    folder: Path,
+    *,
+    status: str,
+    spans: list[tuple[float, float]],
+    rep: str,
+    floor: str = "floor-s0.50-L24",
+) -> None:
     folder.mkdir(parents=True)
-    table = requests_rows("defaults/sglang/floor-s0.50-L24/" + rep, spans)
-    import pyarrow.parquet as pq
-
+    table = requests_rows(f"defaults/sglang/{floor}/{rep}", spans)
     pq.write_table(table, folder / "requests.parquet")
     write_json(
         folder / "run.json",
         {
-            "run_id": f"defaults/sglang/floor-s0.50-L24/{rep}",
+            "run_id": f"defaults/sglang/{floor}/{rep}",
             "arm": "defaults",
             "engine": "sglang",
-            "condition": "floor-s0.50-L24",
+            "condition": floor,
             "rep": rep,
             "deployment_id": "defaults-sglang-00000000",
             "status": status,
@@ -432,6 +437,17 @@ def test_floor_csv_pools_repetitions_and_refuses_a_failed_run(
     assert float(row["ttft_p50_s"]) == pytest.approx(0.1)
     sidecar = json.loads((tmp_path / "floor.csv.json").read_text())
     assert "ttft" in sidecar["definitions"] and "goodput" not in sidecar["definitions"]
+    assert "together" not in sidecar
+    # a shape sent in pairs is its own row, its requests two in flight, and the sidecar says so
+    pairs = tmp_path / "pairs"
+    write_run(
+        pairs, status="ok", spans=[(0.0, 1.0), (0.0, 1.2)], rep="rep1", floor="floor-s0.50-L24-x2"
+    )
+    both = write_floor([one, two, pairs], tmp_path / "floor-pairs.csv").read_text().splitlines()
+    assert len(both) == 3
+    paired = dict(zip(header, both[2].split(","), strict=True))
+    assert (paired["floor"], paired["max_in_flight"]) == ("floor-s0.50-L24-x2", "2")
+    assert "-x<n>" in json.loads((tmp_path / "floor-pairs.csv.json").read_text())["together"]
     bad = tmp_path / "rep3"
     write_run(bad, status="failed", spans=[(0.0, 1.0)], rep="rep3")
     with pytest.raises(ValueError, match=r"rep3.*status 'failed'"):

@@ -106,5 +106,10 @@ def write_floor(run_dirs: Sequence[str | Path], out_csv: str | Path) -> Path:
         "max_in_flight": "the most trace requests in flight at once, from send to last chunk",
         "percentiles": list(PERCENTILES),
     }
+    if any(FloorShape.from_id(str(r["floor"])).together > 1 for r in rows):
+        sidecar["together"] = (
+            "a floor id ending -x<n> (config floor.shapes[].together): n requests at a time, "
+            "each group sent together when the last of the group before it has finished"
+        )
     write_text(Path(f"{out_csv}.json"), json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
     return Path(out_csv)
