@@ -170,7 +170,8 @@ def score(
     platform: dict[str, Any], results: Path, config: dict[str, Any], tmp: Path
 ) -> dict[str, Any]:
     """Every loaded run predicted on `platform` and compared with its real run: the summary of
-    `compare_runs` (its `series`, each with its checks and saturation)."""
+    `compare_runs` (its `series`, each with its checks and saturation), with the workflow's
+    bracket (results/sim_vs_real/floor_drift.json) where there is one."""
     platform_path = tmp / "platform.json"
     platform_path.write_text(json.dumps(platform), encoding="utf-8")
     by_condition = conditions(config)
@@ -181,7 +182,12 @@ def score(
         predict_into(results, config, f"{arm}/{engine}/{condition}/{rep}", platform_path, out)
         real = results / "runs" / arm / engine / condition / rep
         pairs.append(run_pair(by_condition, (arm, engine, condition, rep), real, out))
-    _, summary, _ = compare_runs(pairs, keeps_pace=analysis_settings(config)["keeps_pace"])
+    # the workflow's bracket, where it made one: each variant judged as the workflow's prediction
+    drift_path = results / "sim_vs_real" / "floor_drift.json"
+    drift = json.loads(drift_path.read_text(encoding="utf-8")) if drift_path.is_file() else None
+    _, summary, _ = compare_runs(
+        pairs, keeps_pace=analysis_settings(config)["keeps_pace"], floor_drift=drift
+    )
     return cast(dict[str, Any], summary)
 
 
