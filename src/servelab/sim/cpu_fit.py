@@ -287,7 +287,7 @@ def floor_passes(
     groups += [(group, k > 0) for k, group in enumerate(together.values())]
     bos = sim.model_preset.bos_token_id is not None
     delays = {r.request_id: r.tool_delay_s for r in trace.requests}
-    after_gap = AFTER_IDLE_REQUESTS  # requests since the last idle gap
+    after_gap = AFTER_IDLE_REQUESTS  # requests (or groups sent together) since the last idle gap
     for group, fitted in groups:
         gap = delays.get(group[0]["request_id"], 0.0) if not group[0]["warmup"] else 0.0
         after_gap = 0 if gap > 0 else after_gap + 1

@@ -200,8 +200,8 @@ def compile_floor_trace_files(
     idle_gaps: IdleGaps | None = None,
 ) -> dict[str, Any]:
     """Compile the floor trace of one shape (module docstring; its id names the floor's
-    condition, its `together` the requests sent together), with `idle_gaps` if given, validate it (the six checks) and write trace.parquet
-    and manifest.json atomically; return the manifest.
+    condition, its `together` the requests sent together), with `idle_gaps` if given, validate it
+    (the six checks) and write trace.parquet and manifest.json atomically; return the manifest.
 
     The source trace runs at FLOOR_SOURCE_RATE for a duration that holds `requests` requests on
     average three times over; a seed whose arrivals fall short doubles it (deterministically).
