@@ -18,10 +18,11 @@ does) and compares them with the analysis's own reduction
 and the saturation ratios, and writes every variant's coefficients, fit errors and checks to
 `--json`. The `gaps` variant is the workflow's prediction: where `--results` holds a
 sim_vs_real.json, the script says whether its own summary is the same, judged with the
-workflow's bracket. The test is exact: the script takes the floor runs in path order and the
-workflow in run order, and the fit's coefficients move with that order by about 1e-6 of
-themselves, which can move a ratio's fourth decimal (the twentieth: one ratio, 0.8664 against
-0.8663). `--without` holds the
+workflow's bracket. The test is exact. Before 2026-12-07 (the twenty-second measurement) the
+script took the floor runs in path order and the workflow in run order, and the fit's
+coefficients moved with that order by about 1e-6 of themselves, which could move a ratio's
+fourth decimal (the twentieth: one ratio, 0.8664 against 0.8663); `fit_step_cost` now sorts
+them, so a results folder made since says True. `--without` holds the
 named coefficients at 0 in every variant: the step model without those terms (with the mask
 terms named, the model before 2026-12-05). `--fixed ENGINE.COEFFICIENT=VALUE` holds one engine's
 coefficient at a value measured elsewhere (a benchmark's) and fits the rest to what it leaves: on

@@ -224,6 +224,22 @@ def test_the_fit_recovers_a_known_step_model_from_the_floor_alone(
     assert 1 <= report["refits"] <= cpu_fit.MAX_REFITS
 
 
+def test_the_fit_is_the_same_whatever_the_order_its_runs_are_given_in(
+    floor: tuple[Path, list[FloorRun]],
+) -> None:
+    """The workflow lists the floor runs in run order and the benchmarks in path order; nnls's
+    result moves with its rows' order, so the fit takes them in one order of its own."""
+    _root, runs = floor
+    given = [
+        fit_step_cost("vllm_v1", order, gpu_memory_mib=24000, model_preset=TINY)
+        for order in (runs, runs[::-1], runs[1::2] + runs[::2])
+    ]
+    first_cost, first_report = given[0]
+    for cost, report in given[1:]:
+        assert cost.coefficients() == first_cost.coefficients()
+        assert report == first_report
+
+
 # llama-server as the CPU pair runs it: four slots of 2,048 tokens, each its own KV stream.
 LLAMA_ARMS = {
     "defaults": ["--ctx-size=8192", "--parallel=4", "--threads=1"],

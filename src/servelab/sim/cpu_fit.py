@@ -365,7 +365,9 @@ def fit_step_cost(
     times (servelab.sim.vllm, V1's front end), which the fit is finding: the first fit replays
     without them, and each refit replays on the previous fit's timing, until the coefficients
     settle (relative change at most SETTLED_REL) or MAX_REFITS refits."""
-    mine = [r for r in runs if r.engine == engine]
+    # In one order whatever the caller's: nnls's result moves with its rows' order (by about
+    # 1e-6 of a coefficient), and the workflow and the benchmarks list the runs differently.
+    mine = sorted((r for r in runs if r.engine == engine), key=lambda r: str(r.run_dir))
     if not mine:
         raise ValueError(f"fit of {engine}: no floor run of that engine")
     for given, names in (("without", list(without)), ("fixed", list(fixed or {}))):
