@@ -11,7 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from servelab.sim.cpu_fit import FloorRun, floor_drift, floor_medians, write_floor_drift
+from servelab.sim.cpu_fit import (
+    FloorRun,
+    floor_drift,
+    floor_medians,
+    floor_noise,
+    pooled_spread,
+    write_floor_drift,
+)
 
 
 def floor_run(
@@ -179,3 +186,24 @@ def test_with_the_quiet_floor_bar_an_engine_whose_floor_spreads_is_not_judged(
         entry = verdicts[f"vllm_v1/{arm}"]
         assert entry["noise"]["ttft_ln_sd"] == pytest.approx(0.091, abs=1e-3)
         assert entry["quiet"] is False and entry["judged"] is False
+
+
+def test_an_arms_noise_is_its_own_groups_pooled_by_the_engines_rule(tmp_path: Path) -> None:
+    """benchmarks/floor_noise_by_day.py reads each arm's noise from a platform file's
+    `per_group` with `pooled_spread`: the root mean square over that arm's groups, the rule by
+    which `floor_noise` pools an engine's."""
+    runs = []
+    for arm, spread in (("defaults", 1.0), ("matched", 1.2)):
+        for shape in ("floor-s0.00-L128", "floor-s0.00-L512"):
+            for rep, f in (("rep1", 1.0), ("rep2", spread)):
+                runs.append(floor_run(tmp_path, arm, shape, rep, 0.02 * f, 0.002 * f, "vllm_v1"))
+    noise = floor_noise(runs)
+    by_arm = {
+        arm: pooled_spread(v for k, v in noise["per_group"].items() if k.startswith(arm + "/"))
+        for arm in ("defaults", "matched")
+    }
+    # two repetitions 20% apart: sd of ln, ln(1.2) / sqrt(2), in each of matched's groups
+    assert by_arm["matched"] == pytest.approx((math.log(1.2) / math.sqrt(2),) * 2, abs=1e-4)
+    assert by_arm["defaults"] == pytest.approx((0.0, 0.0), abs=1e-9)
+    # the engine's: matched's pooled with defaults' zeros, over four groups
+    assert noise["ttft_ln_sd"] == pytest.approx(math.log(1.2) / 2, abs=1e-4)

@@ -73,6 +73,7 @@ __all__ = [
     "floor_passes",
     "floor_rows",
     "observed_times",
+    "pooled_spread",
     "predict_run",
     "prediction_settings",
     "read_step_costs",
@@ -803,13 +804,21 @@ def floor_noise(runs: Sequence[FloorRun]) -> dict[str, Any]:
     }
     if not spreads:
         return {"groups": 0, "ttft_ln_sd": None, "itl_ln_sd": None}
-    pooled = np.sqrt(np.mean(np.square(list(spreads.values())), axis=0))
+    pooled = pooled_spread(spreads.values())
     return {
         "groups": len(spreads),
-        "ttft_ln_sd": round(float(pooled[0]), 4),
-        "itl_ln_sd": round(float(pooled[1]), 4),
+        "ttft_ln_sd": round(pooled[0], 4),
+        "itl_ln_sd": round(pooled[1], 4),
         "per_group": {k: [round(x, 4) for x in v] for k, v in spreads.items()},
     }
+
+
+def pooled_spread(spreads: Iterable[Sequence[float]]) -> tuple[float, float]:
+    """(TTFT, ITL) spreads of several groups pooled as `floor_noise` pools them: the root mean
+    square over the groups. Given one arm's groups of a platform file's `per_group`, that arm's
+    noise read by the engine's rule (benchmarks/floor_noise_by_day.py)."""
+    pooled = np.sqrt(np.mean(np.square([list(s) for s in spreads]), axis=0))
+    return float(pooled[0]), float(pooled[1])
 
 
 def read_step_costs(platform_path: str | Path) -> dict[str, StepCost]:
