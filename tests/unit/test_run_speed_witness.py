@@ -1,0 +1,110 @@
+"""benchmarks/run_speed_witness.py: a block's witness of the engine's speed, read from its
+single-request passes, and the tally of TTFT misses by witness (docs/simulator.md, "Would a
+run's own passes have told a slow block?")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.benchmark_modules import load_benchmark
+
+witness = load_benchmark("run_speed_witness")
+
+
+def passes(gap_s: float, iterations: int) -> dict[str, dict[str, float]]:
+    return {"1": {"iterations": iterations, "median_gap_s": gap_s}, "2-3": {"iterations": 9}}
+
+
+def test_a_blocks_witness_is_the_median_of_its_repetitions_real_over_predicted_gaps() -> None:
+    block = {
+        "real": [passes(0.003, 100), passes(0.0022, 100), passes(0.0020, 100)],
+        "predicted": [passes(0.002, 100), passes(0.002, 100), passes(0.002, 100)],
+    }
+    # 1.5, 1.1, 1.0: the median, not the mean (1.2)
+    assert witness.block_witness(block, min_passes=20) == pytest.approx(1.1)
+
+
+def test_a_repetition_with_too_few_single_passes_on_either_side_is_left_out() -> None:
+    block = {
+        "real": [passes(0.004, 19), passes(0.002, 50), passes(0.003, 50)],
+        "predicted": [passes(0.002, 50), passes(0.002, 50), passes(0.002, 10)],
+    }
+    # only the second repetition has 20 passes on both sides
+    assert witness.block_witness(block, min_passes=20) == pytest.approx(1.0)
+    assert witness.block_witness(block, min_passes=60) is None
+    no_single = {"real": [{"2-3": {"iterations": 80}}], "predicted": [passes(0.002, 80)]}
+    assert witness.block_witness(no_single, min_passes=20) is None
+
+
+def test_a_block_whose_sides_have_different_repetitions_is_refused() -> None:
+    block = {"real": [passes(0.002, 50)], "predicted": [passes(0.002, 50)] * 2}
+    with pytest.raises(ValueError, match="1 real repetitions and 2 predicted"):
+        witness.block_witness(block, min_passes=20)
+
+
+@pytest.mark.parametrize(
+    ("value", "off"), [(1.0, False), (1.09, False), (1 / 1.09, False), (1.12, True), (0.89, True)]
+)
+def test_a_witness_is_off_outside_the_band_either_way(value: float, off: bool) -> None:
+    assert witness.is_off(value, 0.10) is off
+
+
+def summary() -> dict:
+    def check(condition: str, metric: str, ratio: float) -> dict:
+        return {"condition": condition, "metric": metric, "ratio": ratio, "met": ratio > 0.75}
+
+    return {
+        "series": [
+            {
+                "engine": "vllm_v1",
+                "arm": "defaults",
+                "checks": [
+                    check("rate-0.50", "ttft_p50", 0.70),
+                    check("rate-0.50", "ttft_p95", 0.80),
+                    check("rate-0.50", "throughput", 1.0),
+                    check("rate-1.00", "ttft_p50", 0.95),
+                    check("rate-1.00", "ttft_p95", 1.0),
+                    check("rate-4.00", "throughput", 1.0),
+                ],
+                "iterations": {
+                    "rate-0.50": {"real": [passes(0.0030, 90)], "predicted": [passes(0.002, 90)]},
+                    "rate-1.00": {"real": [passes(0.0021, 90)], "predicted": [passes(0.002, 90)]},
+                    "rate-4.00": {"real": [passes(0.0090, 90)], "predicted": [passes(0.002, 90)]},
+                },
+            }
+        ]
+    }
+
+
+def test_only_the_rates_with_ttft_checks_are_read_with_their_ttft_checks() -> None:
+    blocks = list(witness.light_load_blocks(summary(), min_passes=20))
+    assert [b["condition"] for b in blocks] == ["rate-0.50", "rate-1.00"]
+    assert [c["metric"] for c in blocks[0]["checks"]] == ["ttft_p50", "ttft_p95"]
+    assert blocks[0]["witness"] == pytest.approx(1.5)
+    assert blocks[1]["witness"] == pytest.approx(1.05)
+
+
+def test_the_tally_counts_checks_and_blocks_by_witness_and_by_miss() -> None:
+    blocks = list(witness.light_load_blocks(summary(), min_passes=20))
+    blocks.append(
+        {
+            "engine": "vllm_v1",
+            "arm": "matched",
+            "condition": "rate-0.50",
+            "witness": None,
+            "checks": [{"metric": "ttft_p50", "ratio": 0.5, "met": False}],
+        }
+    )
+    result = witness.tally(blocks, band=0.10)
+    # the slow block (1.5) missed one of its two checks; the other (1.05) missed none
+    assert result["checks"]["table"] == {
+        "off": {"met": 1, "missed": 1},
+        "on": {"met": 2, "missed": 0},
+    }
+    assert result["blocks"]["table"] == {
+        "off": {"met": 0, "missed": 1},
+        "on": {"met": 1, "missed": 0},
+    }
+    assert result["checks"]["misses_in_off_blocks"] == 1
+    assert result["checks"]["misses"] == 1
+    assert result["blocks_without_witness"] == 1
