@@ -137,6 +137,17 @@ def tally(blocks: list[dict[str, Any]], band: float) -> dict[str, Any]:
     return {"checks": test(checks), "blocks": test(by_block), "blocks_without_witness": no_witness}
 
 
+def describe(test: Mapping[str, Any]) -> str:
+    """One line of a tally's test (`tally`): the misses on either side and Fisher's result."""
+    off, on = test["table"]["off"], test["table"]["on"]
+    return (
+        f"off blocks missed {off['missed']} of {sum(off.values())}, the rest {on['missed']} of "
+        f"{sum(on.values())}; odds ratio {test['odds_ratio']}, p (one-sided) "
+        f"{test['p_one_sided']}; misses in off blocks {test['misses_in_off_blocks']} of "
+        f"{test['misses']}"
+    )
+
+
 def by_engine(blocks: list[dict[str, Any]], band: float) -> dict[str, Any]:
     """Per engine, its blocks' median witness, the witness's rank correlation with each TTFT
     ratio, and its own tally; and whether the engines' witnesses differ (Mann-Whitney,
@@ -212,14 +223,7 @@ def main() -> int:
     all_blocks = [block for blocks in by_day.values() for block in blocks]
     result = tally(all_blocks, args.band)
     for unit in ("checks", "blocks"):
-        t = result[unit]
-        print(
-            f"TTFT {unit}: off blocks missed {t['table']['off']['missed']} of "
-            f"{sum(t['table']['off'].values())}, the rest {t['table']['on']['missed']} of "
-            f"{sum(t['table']['on'].values())}; odds ratio {t['odds_ratio']}, "
-            f"p (one-sided) {t['p_one_sided']}; misses in off blocks "
-            f"{t['misses_in_off_blocks']} of {t['misses']}"
-        )
+        print(f"TTFT {unit}: {describe(result[unit])}")
     print(f"light-load blocks without a witness: {result['blocks_without_witness']}")
     engines = by_engine(all_blocks, args.band)
     for engine, entry in engines["engines"].items():
@@ -227,15 +231,10 @@ def main() -> int:
             f"{metric} rho {c['rho']:.3f} (p {c['p']:.4f}, n {c['n']})"
             for metric, c in entry["spearman"].items()
         )
-        checks = entry["tally"]["checks"]
         print(
             f"{engine:<9} {entry['blocks']} blocks, median witness {entry['median_witness']:.3f}; {rhos}"
         )
-        print(
-            f"{'':<9} TTFT checks: off blocks missed {checks['table']['off']['missed']} of "
-            f"{sum(checks['table']['off'].values())}, the rest {checks['table']['on']['missed']} "
-            f"of {sum(checks['table']['on'].values())}; p (one-sided) {checks['p_one_sided']}"
-        )
+        print(f"{'':<9} TTFT checks: {describe(entry['tally']['checks'])}")
     if "mann_whitney_p" in engines:
         print(
             f"the engines' witnesses alike (Mann-Whitney, two-sided): p {engines['mann_whitney_p']}"

@@ -6,13 +6,13 @@ block?").
         [--json OUT.json]
 
 Reads a sim-vs-real results folder: each loaded run's requests (`runs/ARM/ENGINE/COND/REP`) and
-its prediction (`sim_vs_real/predicted/...`). In each, every gap between two consecutive chunks of
-a request during which no other request was decoding (another request decodes through the gap
-when its first chunk came at or before the gap's start and its last at or after its end) is a
-single-request pass, seen from the client. It is *alone* when no other request was on its way in
-either, and *arriving* when another had been sent and had not yet had its first chunk at some
-moment of the gap (in V1 that is the API server's work on the request, on the engine's core, and
-its prefill).
+its prediction (`sim_vs_real/predicted/...`). In each, the engine's steps as the client saw them
+(`servelab.analysis.sim_vs_real.client_steps`, the rule of the workflow's iteration profile,
+warm-ups left out), and each step's time from the step before it to its own. A step that served
+one request and gave no first token is a single-request pass. It is *arriving* when another
+request had been sent and had not yet had its first chunk at some moment of the step (in V1 that
+is the API server's work on the request, on the engine's core, and its prefill), and *alone*
+otherwise.
 
 Printed per engine, arm and light-load rate (0.5, 1 and 2 graphs/s): for each kind, the median
 over repetitions of the real median gap ÷ the predicted one, each repetition's from at least
@@ -32,24 +32,24 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from servelab.analysis.sim_vs_real import client_steps
+
 LIGHT_LOAD = ("rate-0.50", "rate-1.00", "rate-2.00")
 KINDS = ("alone", "arriving")
 
 
 def single_pass_gaps(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[float]]:
-    """The gaps of a run's single-request passes, by kind (module docstring). Warm-ups and
-    requests without a chunk are left out: they are not the trace's."""
-    requests = [r for r in rows if not r["warmup"] and r["chunk_times_s"]]
-    spans = [(r["sent_s"], r["chunk_times_s"][0], r["chunk_times_s"][-1]) for r in requests]
+    """The times of a run's single-request passes, by kind (module docstring). Warm-ups are left
+    out: they are not the trace's."""
+    measured = [r for r in rows if not r["warmup"]]
+    # (sent, first chunk) of every request that had a first chunk
+    arrivals = [(r["sent_s"], r["chunk_times_s"][0]) for r in measured if r["chunk_times_s"]]
     gaps: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for index, request in enumerate(requests):
-        chunks = request["chunk_times_s"]
-        others = [span for other, span in enumerate(spans) if other != index]
-        for start, end in itertools.pairwise(chunks):
-            if any(first <= start and last >= end for _, first, last in others):
-                continue
-            arriving = any(sent < end and first > start for sent, first, _ in others)
-            gaps["arriving" if arriving else "alone"].append(end - start)
+    for before, step in itertools.pairwise(client_steps(measured)):
+        if step.firsts or len(step.served) != 1:
+            continue
+        arriving = any(sent < step.first_s and first > before.first_s for sent, first in arrivals)
+        gaps["arriving" if arriving else "alone"].append(step.first_s - before.first_s)
     return gaps
 
 

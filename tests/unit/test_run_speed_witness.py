@@ -108,3 +108,36 @@ def test_the_tally_counts_checks_and_blocks_by_witness_and_by_miss() -> None:
     assert result["checks"]["misses_in_off_blocks"] == 1
     assert result["checks"]["misses"] == 1
     assert result["blocks_without_witness"] == 1
+
+
+def test_per_engine_the_witness_is_ranked_against_the_ttft_ratios_and_tallied_on_its_own() -> None:
+    def block(engine: str, value: float, ratio: float) -> dict:
+        checks = [{"metric": m, "ratio": ratio, "met": ratio > 0.75} for m in witness.TTFT_METRICS]
+        return {
+            "engine": engine,
+            "arm": "defaults",
+            "condition": "rate-0.50",
+            "witness": value,
+            "checks": checks,
+        }
+
+    # vLLM: the slower its passes, the lower its TTFT ratio, in rank; llama.cpp's all faster
+    blocks = [block("vllm_v1", w, 1.9 - w) for w in (1.0, 1.05, 1.2, 1.3, 1.4)]
+    blocks += [
+        block("llamacpp", w, r)
+        for w, r in zip((0.91, 0.93, 0.95, 0.97, 0.99), (1.0, 0.99, 1.01, 0.98, 1.02), strict=True)
+    ]
+    result = witness.by_engine(blocks, band=0.10)
+    vllm = result["engines"]["vllm_v1"]
+    assert vllm["spearman"]["ttft_p50"]["rho"] == pytest.approx(-1.0)
+    assert vllm["spearman"]["ttft_p50"]["n"] == 5
+    assert vllm["median_witness"] == pytest.approx(1.2)
+    # its own tally only: 1.2, 1.3 and 1.4 are off and miss (ratios 0.7, 0.6, 0.5); 1.0 and
+    # 1.05 are on and meet (0.9, 0.85)
+    assert vllm["tally"]["checks"]["table"] == {
+        "off": {"met": 0, "missed": 6},
+        "on": {"met": 4, "missed": 0},
+    }
+    assert result["engines"]["llamacpp"]["tally"]["checks"]["misses"] == 0
+    # the two engines' witnesses do not overlap: Mann-Whitney's smallest p for 5 against 5
+    assert result["mann_whitney_p"] == pytest.approx(2 / 252, abs=1e-4)

@@ -10,27 +10,32 @@ from tests.benchmark_modules import load_benchmark
 single_passes = load_benchmark("sim_vs_real_single_passes")
 
 
-def request(sent: float, chunks: list[float], warmup: bool = False) -> dict:
-    return {"sent_s": sent, "chunk_times_s": chunks, "warmup": warmup}
+def request(name: str, sent: float, chunks: list[float], warmup: bool = False) -> dict:
+    return {
+        "request_id": name,
+        "sent_s": sent,
+        "chunk_times_s": chunks,
+        "chunk_tokens": [1] * len(chunks),
+        "warmup": warmup,
+    }
 
 
-def test_a_gap_is_alone_arriving_or_not_single_by_the_other_requests_around_it() -> None:
+def test_a_step_is_a_single_pass_alone_or_arriving_by_the_requests_around_it() -> None:
     rows = [
-        # decodes 1.00-1.05 alone, then while the second is on its way in (sent 1.06, first
-        # chunk 1.12), then beside it
-        request(0.9, [1.00, 1.02, 1.05, 1.08, 1.11, 1.14, 1.17]),
-        request(1.06, [1.12, 1.30, 1.33]),
-        # a warm-up decoding throughout is not the trace's, and does not make a pass shared
-        request(0.0, [0.5, 2.0], warmup=True),
-        request(3.0, []),
+        # steps 30 ms apart, each its own burst (client_steps)
+        request("a", 0.9, [1.00, 1.03, 1.06, 1.09, 1.12]),
+        # sent at 1.065, first chunk at 1.15: on its way in during a's steps ending 1.09 and 1.12
+        request("b", 1.065, [1.15, 1.18]),
+        # two requests served in the same steps: not single passes
+        request("c", 1.2, [1.30, 1.33]),
+        request("d", 1.2, [1.30, 1.33]),
+        # a warm-up is not the trace's: neither a step nor an arrival
+        request("w", 1.04, [1.045], warmup=True),
     ]
     gaps = single_passes.single_pass_gaps(rows)
-    # the first request: 1.00-1.02 and 1.02-1.05 alone; 1.05-1.08, 1.08-1.11 and 1.11-1.14
-    # while the second is sent and has no chunk yet; 1.14-1.17 while the second decodes through
-    # it (first chunk 1.12, last 1.33): not a single pass. The second request: 1.12-1.30 and
-    # 1.30-1.33 alone, since the first, ending at 1.17, decodes through neither.
-    assert gaps["alone"] == pytest.approx([0.02, 0.03, 0.18, 0.03])
-    assert gaps["arriving"] == pytest.approx([0.03, 0.03, 0.03])
+    # a's steps ending 1.03 and 1.06, and b's ending 1.18 (b's first chunk is no arrival then)
+    assert gaps["alone"] == pytest.approx([0.03, 0.03, 0.03])
+    assert gaps["arriving"] == pytest.approx([0.03, 0.03])
 
 
 def test_a_blocks_ratio_is_the_median_over_repetitions_with_enough_gaps() -> None:
