@@ -27,6 +27,8 @@ The events, and the functions they wrap (all at vLLM 0.32.0):
   running, and per request `id:n:context:prompt`): one `Scheduler.schedule`, logged as it
   returns. Its `_update_after_schedule` has advanced each request's `num_computed_tokens` by the
   `n` tokens scheduled, so the context before the step is the difference;
+- `ec_update_in`: `Scheduler.update_from_output` entered: the model's forward pass and sampling
+  (`EngineCore.step`'s `execute_model`) lie between `ec_sched` and it;
 - `ec_stepend`: `Scheduler.update_from_output` returned (the step's outputs are made; their
   `EngineCoreOutputs.timestamp` is this moment);
 - `fe_out` (the outputs' engine timestamp, request ids), `fe_out_done` (outputs): the API
@@ -154,6 +156,7 @@ def _scheduler(module: Any) -> None:
         return out
 
     def update_from_output(self: Any, *args: Any, **kwargs: Any) -> Any:
+        event("ec_update_in")
         out = update(self, *args, **kwargs)
         event("ec_stepend")
         return out

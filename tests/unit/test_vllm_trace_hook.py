@@ -96,6 +96,7 @@ def test_the_hook_patches_on_import_and_logs_each_event(tmp_path: Path) -> None:
         "patch_failed",
         "ec_queued",
         "ec_sched",
+        "ec_update_in",
         "ec_stepend",
     ]
     assert rows[1][3] == "vllm.v1.core.sched.scheduler"
