@@ -52,7 +52,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_peer import MODEL, TOKENIZER, VLLM_PYTHON, VllmServer, _free_port
-from vllm_request_trace import Event, client_id, read_events
+from vllm_request_trace import Event, client_id, lone_decodes, read_events, step_parts
 
 from servelab.workload import warmup_prompts
 
@@ -122,37 +122,14 @@ def prompts(order: Sequence[tuple[int, str]], seed: int) -> list[list[int]]:
 
 
 def decode_steps(events: Sequence[Event], known: set[str]) -> dict[str, list[dict[str, float]]]:
-    """Per client request id, its back-to-back decode steps on the engine's clock: steps whose
-    batch is that one request and one token, followed by another step of the same request. Each
-    has the parts named in PARTS (seconds)."""
-    steps: list[dict[str, Any]] = []
-    open_step: dict[str, Any] | None = None
-    for e in events:
-        if e.kind == "ec_sched":
-            batch = [x.rsplit(":", 3) for x in e.fields[6].split(",") if x]
-            open_step = {"start": float(e.fields[0]), "scheduled": e.t, "batch": batch}
-        elif e.kind == "ec_update_in" and open_step is not None:
-            open_step["update_in"] = e.t
-        elif e.kind == "ec_stepend" and open_step is not None and "update_in" in open_step:
-            open_step["end"] = e.t
-            steps.append(open_step)
-            open_step = None
+    """Per client request id, its back-to-back decode steps on the engine's clock
+    (`lone_decodes`: one request and one token, followed by another step of the same request),
+    each with the parts named in PARTS (seconds)."""
     out: dict[str, list[dict[str, float]]] = {}
-    for step, after in itertools.pairwise(steps):
-        if len(step["batch"]) != 1 or step["batch"][0][1] != "1":
-            continue
-        rid = client_id(step["batch"][0][0], known)
-        if rid is None or step["batch"][0][0] not in {x[0] for x in after["batch"]}:
-            continue  # not ours, or its request's last step: the next starts after an idle
-        out.setdefault(rid, []).append(
-            {
-                "cycle": after["start"] - step["start"],
-                "schedule": step["scheduled"] - step["start"],
-                "execute": step["update_in"] - step["scheduled"],
-                "update": step["end"] - step["update_in"],
-                "between": after["start"] - step["end"],
-            }
-        )
+    for step, parts in lone_decodes(step_parts(events)):
+        rid = client_id(step.batch[0].rid, known)
+        if rid is not None:
+            out.setdefault(rid, []).append(parts)
     return out
 
 

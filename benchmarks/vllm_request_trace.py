@@ -51,6 +51,7 @@ loaded run's: the floor's own steps against the price fitted from it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import re
@@ -162,6 +163,57 @@ def steps_of(events: Sequence[Event]) -> list[Step]:
             steps.append(Step(end=e.t, **open_step))
             open_step = None
     return steps
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """One engine step's marks (a log with `ec_update_in`): `Scheduler.schedule` entered and
+    returned, `update_from_output` entered and returned; between the second and the third, the
+    forward pass and sampling."""
+
+    start: float
+    scheduled: float
+    update_in: float
+    end: float
+    batch: tuple[Scheduled, ...]
+
+
+def step_parts(events: Sequence[Event]) -> list[StepParts]:
+    """The engine core's steps with their marks, from a log whose hook logs `ec_update_in`."""
+    steps: list[StepParts] = []
+    open_step: dict[str, Any] | None = None
+    for e in events:
+        if e.kind == "ec_sched":
+            batch = tuple(_scheduled(x) for x in e.fields[6].split(",") if x)
+            open_step = {"start": float(e.fields[0]), "scheduled": e.t, "batch": batch}
+        elif e.kind == "ec_update_in" and open_step is not None:
+            open_step["update_in"] = e.t
+        elif e.kind == "ec_stepend" and open_step is not None and "update_in" in open_step:
+            steps.append(StepParts(end=e.t, **open_step))
+            open_step = None
+    return steps
+
+
+def lone_decodes(steps: Sequence[StepParts]) -> list[tuple[StepParts, dict[str, float]]]:
+    """Each step whose batch is one request and one token and whose next step carries the same
+    request (back to back: not its request's last), with its parts in seconds: `cycle` (its
+    start to the next step's), `schedule`, `execute`, `update` and `between` (its end to the
+    next step's start)."""
+    out = []
+    for step, after in itertools.pairwise(steps):
+        if len(step.batch) != 1 or step.batch[0].tokens != 1:
+            continue
+        if step.batch[0].rid not in {x.rid for x in after.batch}:
+            continue
+        parts = {
+            "cycle": after.start - step.start,
+            "schedule": step.scheduled - step.start,
+            "execute": step.update_in - step.scheduled,
+            "update": step.end - step.update_in,
+            "between": after.start - step.end,
+        }
+        out.append((step, parts))
+    return out
 
 
 def _scheduled(entry: str) -> Scheduled:
