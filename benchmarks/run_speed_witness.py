@@ -22,8 +22,14 @@ misses when any of its TTFT checks does). Then, per engine, its blocks' median w
 Spearman's rank correlation of the witness with each TTFT ratio (a witness over 1 is an engine
 slower than predicted, so a ratio under 1 goes with it), and Mann-Whitney's test (scipy,
 two-sided) that the two engines' witnesses come from one distribution: the machine's speed would
-move both engines alike over the same days. Without DAY, the seven days whose summaries have
-`iterations`, the seventeenth to the twenty-third.
+move both engines alike over the same days. Last, for each day that keeps its floor residuals
+(`sim_vs_real_floor_residuals-DAY.json`), each deployment's median witness beside its own floor's
+speed against the same fit (observed ÷ predicted gap, the geometric mean over its floor runs):
+whether the loaded runs' passes are slower against the fit than the floor's (docs/simulator.md,
+"A twenty-fourth measurement", prediction 6), with a sign test per engine; and where the day
+keeps `sim_vs_real_single_passes-DAY.json`, the same with its passes made alone in place of the
+witness. Without DAY, the eight
+days whose summaries have `iterations`, the seventeenth to the twenty-fourth.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from scipy.stats import fisher_exact, mannwhitneyu, spearmanr
+from scipy.stats import binomtest, fisher_exact, mannwhitneyu, spearmanr
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "data"
 WITNESS_DAYS = (
@@ -48,6 +54,7 @@ WITNESS_DAYS = (
     "2026-12-07-twenty-first",
     "2026-12-07-twenty-second",
     "2026-12-07-twenty-third",
+    "2026-12-07-twenty-fourth",
 )
 TTFT_METRICS = ("ttft_p50", "ttft_p95")
 SINGLE = "1"  # the summary's bucket of passes that carried one request
@@ -185,6 +192,88 @@ def by_engine(blocks: list[dict[str, Any]], band: float) -> dict[str, Any]:
     return result
 
 
+def floor_speed(residuals: Mapping[str, Any], engine: str, arm: str) -> float | None:
+    """A deployment's floor speed against its fit: the geometric mean over its floor runs of
+    observed ÷ predicted median gap (`sim_vs_real_floor_residuals.py` keeps predicted ÷
+    observed), or None when it has no run with a gap."""
+    ratios = [
+        run["gap"]["ratio"]
+        for run in residuals["runs"]
+        if run["engine"] == engine and run["arm"] == arm and run.get("gap")
+    ]
+    if not ratios:
+        return None
+    return math.exp(-statistics.fmean(math.log(r) for r in ratios))
+
+
+def alone_ratio(single_passes: Mapping[str, Any], engine: str, arm: str) -> float | None:
+    """The median over a deployment's light-load blocks of its passes made alone, real ÷
+    predicted (`sim_vs_real_single_passes.py`'s `alone` ratio), or None without one."""
+    ratios = [
+        b["alone"]["ratio"]
+        for b in single_passes["blocks"]
+        if (b["engine"], b["arm"]) == (engine, arm) and b["alone"]["ratio"] is not None
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
+def sign_counts(differences: list[float]) -> dict[str, Any]:
+    """How many of `differences` are positive, with the sign test's one-sided p."""
+    positive = sum(d > 0 for d in differences)
+    test = binomtest(positive, len(differences), 0.5, alternative="greater")
+    return {"deployments": len(differences), "positive": positive, "p": round(test.pvalue, 6)}
+
+
+def against_floor(by_day: Mapping[str, list[dict[str, Any]]], data: Path) -> dict[str, Any]:
+    """Per day that keeps its floor residuals (`sim_vs_real_floor_residuals-DAY.json`) and per
+    deployment: the median witness of its light-load blocks beside its floor's speed against the
+    same fit, and their difference; where the day keeps its single passes
+    (`sim_vs_real_single_passes-DAY.json`), the same for its passes made alone. Per engine, how
+    many differences are positive, with the sign test's one-sided p (scipy's binomtest)."""
+    rows = []
+    for day, blocks in by_day.items():
+        path = data / f"sim_vs_real_floor_residuals-{day}.json"
+        if not path.is_file():
+            continue
+        residuals = json.loads(path.read_text(encoding="utf-8"))
+        singles_path = data / f"sim_vs_real_single_passes-{day}.json"
+        singles = (
+            json.loads(singles_path.read_text(encoding="utf-8")) if singles_path.is_file() else None
+        )
+        for engine, arm in sorted({(b["engine"], b["arm"]) for b in blocks}):
+            witnesses = [
+                b["witness"]
+                for b in blocks
+                if (b["engine"], b["arm"]) == (engine, arm) and b["witness"] is not None
+            ]
+            floor = floor_speed(residuals, engine, arm)
+            if not witnesses or floor is None:
+                continue
+            witness = statistics.median(witnesses)
+            row = {
+                "day": day,
+                "engine": engine,
+                "arm": arm,
+                "witness": round(witness, 4),
+                "floor": round(floor, 4),
+                "difference": round(witness - floor, 4),
+            }
+            alone = None if singles is None else alone_ratio(singles, engine, arm)
+            if alone is not None:
+                row |= {"alone": round(alone, 4), "alone_difference": round(alone - floor, 4)}
+            rows.append(row)
+    engines: dict[str, Any] = {}
+    for engine in sorted({r["engine"] for r in rows}):
+        mine = [r for r in rows if r["engine"] == engine]
+        engines[engine] = sign_counts([r["difference"] for r in mine])
+        alone = [r["alone_difference"] for r in mine if "alone_difference" in r]
+        if alone:
+            engines[engine]["alone"] = sign_counts(alone) | {
+                "median_difference": round(statistics.median(alone), 4)
+            }
+    return {"rows": rows, "engines": engines}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -239,6 +328,28 @@ def main() -> int:
         print(
             f"the engines' witnesses alike (Mann-Whitney, two-sided): p {engines['mann_whitney_p']}"
         )
+    floors = against_floor(by_day, DATA)
+    if floors["rows"]:
+        print("witness against the deployment's own floor (observed ÷ predicted gap):")
+        for r in floors["rows"]:
+            alone = (
+                f"  alone {r['alone']:.3f} ({r['alone_difference']:+.3f})" if "alone" in r else ""
+            )
+            print(
+                f"  {r['day']:<26} {r['engine']:<9} {r['arm']:<9} witness {r['witness']:.3f}"
+                f"  floor {r['floor']:.3f}  difference {r['difference']:+.3f}{alone}"
+            )
+        for engine, e in floors["engines"].items():
+            print(
+                f"  {engine:<9} witness above its floor in {e['positive']} of {e['deployments']}"
+                f" (sign test, one-sided: p {e['p']})"
+            )
+            if "alone" in e:
+                a = e["alone"]
+                print(
+                    f"  {engine:<9} passes alone above it in {a['positive']} of {a['deployments']}"
+                    f" (p {a['p']}), median difference {a['median_difference']:+.3f}"
+                )
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -248,6 +359,7 @@ def main() -> int:
                     "days": by_day,
                     **result,
                     "by_engine": engines,
+                    "against_floor": floors,
                 },
                 indent=1,
                 sort_keys=True,

@@ -60,7 +60,8 @@ def classify(
     lone: Sequence[tuple[StepParts, dict[str, float]]], events: Sequence[Event]
 ) -> list[dict[str, Any]]:
     """Each lone decode step with its parts (s), `outputs` (the API server's process_outputs
-    time inside its cycle) and whether another request's front end ran in its cycle."""
+    time inside its cycle, a call across its start or end counted for its part inside) and
+    whether another request's front end ran in its cycle."""
     front = sorted((e.t, e.fields[0]) for e in events if e.kind in FRONT_END_KINDS)
     front_t = [t for t, _ in front]
     outputs: list[tuple[float, float]] = []
@@ -78,8 +79,10 @@ def classify(
         own = step.batch[0].rid
         i, j = bisect.bisect_left(front_t, step.start), bisect.bisect_right(front_t, stop)
         arrival = any(not own.startswith(rid) for _, rid in front[i:j])
-        k, m = bisect.bisect_left(out_starts, step.start), bisect.bisect_right(out_starts, stop)
-        busy = sum(min(b, stop) - a for a, b in outputs[k:m])
+        # the calls that overlap the cycle: one may have started in the cycle before
+        k = max(bisect.bisect_left(out_starts, step.start) - 1, 0)
+        m = bisect.bisect_right(out_starts, stop)
+        busy = sum(max(0.0, min(b, stop) - max(a, step.start)) for a, b in outputs[k:m])
         rows.append({"start": step.start, "arrival": arrival, **parts, "outputs": busy})
     return rows
 

@@ -4,6 +4,10 @@ run's own passes have told a slow block?")."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 
 from tests.benchmark_modules import load_benchmark
@@ -141,3 +145,67 @@ def test_per_engine_the_witness_is_ranked_against_the_ttft_ratios_and_tallied_on
     assert result["engines"]["llamacpp"]["tally"]["checks"]["misses"] == 0
     # the two engines' witnesses do not overlap: Mann-Whitney's smallest p for 5 against 5
     assert result["mann_whitney_p"] == pytest.approx(2 / 252, abs=1e-4)
+
+
+def test_a_deployments_witness_is_set_beside_its_own_floors_speed_against_the_fit(
+    tmp_path: Path,
+) -> None:
+    def run(engine: str, arm: str, ratio: float | None) -> dict:
+        return {"engine": engine, "arm": arm, "gap": None if ratio is None else {"ratio": ratio}}
+
+    # residuals keep predicted ÷ observed: 0.8 and 0.9 are floors 1.25 and 1.111 slow
+    residuals = {
+        "runs": [
+            run("vllm_v1", "defaults", 0.8),
+            run("vllm_v1", "defaults", 0.9),
+            run("vllm_v1", "defaults", None),
+            run("llamacpp", "defaults", 1.0),
+        ]
+    }
+    (tmp_path / "sim_vs_real_floor_residuals-day1.json").write_text(json.dumps(residuals))
+
+    def block(engine: str, value: float | None) -> dict:
+        return {"engine": engine, "arm": "defaults", "witness": value}
+
+    by_day = {
+        "day1": [
+            block("vllm_v1", 1.3),
+            block("vllm_v1", 1.2),
+            block("vllm_v1", None),
+            block("llamacpp", 0.9),
+        ],
+        "day2": [block("vllm_v1", 1.5)],  # no residuals kept: left out
+    }
+    out = witness.against_floor(by_day, tmp_path)
+    floor = math.exp(-(math.log(0.8) + math.log(0.9)) / 2)
+    (llama, vllm) = out["rows"]
+    assert vllm["floor"] == pytest.approx(floor, abs=1e-4)
+    assert vllm["witness"] == pytest.approx(1.25)
+    assert vllm["difference"] == pytest.approx(1.25 - floor, abs=1e-4)
+    assert llama["difference"] == pytest.approx(-0.1)
+    assert out["engines"]["vllm_v1"] == {"deployments": 1, "positive": 1, "p": 0.5}
+    assert out["engines"]["llamacpp"]["positive"] == 0
+    assert witness.floor_speed(residuals, "vllm_v1", "matched") is None
+
+
+def test_where_the_day_keeps_its_single_passes_the_passes_made_alone_meet_the_floor_too(
+    tmp_path: Path,
+) -> None:
+    residuals = {"runs": [{"engine": "vllm_v1", "arm": "defaults", "gap": {"ratio": 0.9}}]}
+    (tmp_path / "sim_vs_real_floor_residuals-d.json").write_text(json.dumps(residuals))
+
+    def single(arm: str, ratio: float | None) -> dict:
+        return {"engine": "vllm_v1", "arm": arm, "alone": {"ratio": ratio}}
+
+    singles = {"blocks": [single("defaults", r) for r in (1.0, 1.2, 1.05, None)]}
+    (tmp_path / "sim_vs_real_single_passes-d.json").write_text(json.dumps(singles))
+    by_day = {"d": [{"engine": "vllm_v1", "arm": "defaults", "witness": 1.3}]}
+    out = witness.against_floor(by_day, tmp_path)
+    (row,) = out["rows"]
+    # the median of the alone ratios (1.05), less the floor's 1/0.9
+    assert row["alone"] == pytest.approx(1.05)
+    assert row["alone_difference"] == pytest.approx(1.05 - 1 / 0.9, abs=1e-4)
+    alone = out["engines"]["vllm_v1"]["alone"]
+    assert alone["positive"] == 0 and alone["deployments"] == 1
+    assert alone["median_difference"] == pytest.approx(1.05 - 1 / 0.9, abs=1e-4)
+    assert out["engines"]["vllm_v1"]["positive"] == 1  # the witness, 1.3, is above it

@@ -39,6 +39,9 @@ def events() -> list[Event]:
         # A's own output, and B's front end in A's third cycle
         ev(1.0053, "fe_out", "0", A),
         ev(1.0060, "fe_out_done", "1"),
+        # a call across the second cycle's end (1.013): 1 ms in it, 1 ms in the third
+        ev(1.0120, "fe_out", "0", A),
+        ev(1.0140, "fe_out_done", "1"),
         ev(1.0150, "fe_in", "cmpl-b-0"),
         ev(1.0160, "fe_send", B),
         ev(1.0000, "clock", "1000.0"),
@@ -56,7 +59,8 @@ def test_a_step_is_during_an_arrival_only_when_another_requests_front_end_runs_i
     assert rows[0]["cycle"] == pytest.approx(0.006)
     assert rows[0]["execute"] == pytest.approx(0.005)
     assert rows[0]["outputs"] == pytest.approx(0.0007)  # process_outputs inside the cycle
-    assert rows[1]["outputs"] == 0.0
+    assert rows[1]["outputs"] == pytest.approx(0.001)
+    assert rows[2]["outputs"] == pytest.approx(0.001)
     own = [ev(1.0150, "fe_in", "cmpl-a-0"), ev(1.0160, "fe_send", A)]
     evs2 = sorted([e for e in evs if e.kind not in ("fe_in", "fe_send")] + own, key=lambda e: e.t)
     rows2 = bench.classify(trace.lone_decodes(trace.step_parts(evs2)), evs2)
