@@ -6,11 +6,13 @@ request larger than the socket buffer, stale keep-alive connections, plain-http 
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,30 +213,48 @@ def test_connections_idle_too_long_are_not_reused(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_request_larger_than_the_socket_buffer_is_written_whole() -> None:
-    # ~6 MB of token ids: more than a loopback socket takes at once; the server reports the
-    # prompt's length only if it read the whole body
-    huge = list(range(100_000, 100_000 + 900_000))
-    with sim_server() as srv:
-        d = dispatcher(srv.base_url, trace_at([0.0]), prompt=huge)
+    # The server reads nothing for a while, through a small receive buffer, so the pacer's one
+    # non-blocking send cannot take a body larger than the most the kernel lets a socket queue
+    # (tcp_wmem's maximum): the loop must write the rest. The server reports the prompt's
+    # length, which it knows only if it read the whole body.
+    n_ids = max(900_000, 2 * _most_a_socket_queues() // 7)  # an id is 7-8 bytes of JSON
+    huge = list(range(100_000, 100_000 + n_ids))
+    server = ClosingServer(linger_s=0.0, hold_s=0.5, receive_buffer=65536)
+    try:
+        d = dispatcher(server.url, trace_at([0.0], max_tokens=1), prompt=huge)
         result = d.run()
+    finally:
+        server.close()
     (rec,) = result.records
-    assert d._paced.partial_writes == 1
     assert rec.status == "ok", rec.error
-    assert rec.prompt_tokens == 900_000  # every id arrived
+    assert d._paced.partial_writes == 1
+    assert rec.prompt_tokens == n_ids  # every id arrived
+
+
+def _most_a_socket_queues() -> int:
+    """tcp_wmem's maximum: the largest send buffer TCP autotuning grows a socket to."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        return 4 * 1024 * 1024  # the kernel's default
 
 
 class ClosingServer:
     """Answers each request with a one-token stream, then closes the connection after `linger_s`
-    without saying so (like a server's keep-alive timeout)."""
+    without saying so (like a server's keep-alive timeout). It waits `hold_s` before reading a
+    request, with a receive buffer of `receive_buffer` bytes if given, and reports the prompt's
+    length from the body it read."""
 
-    BODY = (
-        b'data: {"choices":[{"text":"x"}],"usage":{"prompt_tokens":2,"completion_tokens":1}}\n\n'
-        b"data: [DONE]\n\n"
-    )
-
-    def __init__(self, linger_s: float) -> None:
+    def __init__(
+        self, linger_s: float, hold_s: float = 0.0, receive_buffer: int | None = None
+    ) -> None:
         self.linger_s = linger_s
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.hold_s = hold_s
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:  # before listen: the window is offered in the handshake
+            self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.connections = 0
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -250,6 +270,11 @@ class ClosingServer:
             self.connections += 1
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
+    @staticmethod
+    def _stream(prompt_tokens: int) -> bytes:
+        usage = f'"usage":{{"prompt_tokens":{prompt_tokens},"completion_tokens":1}}'
+        return f'data: {{"choices":[{{"text":"x"}}],{usage}}}\n\ndata: [DONE]\n\n'.encode()
+
     def _handle(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(5.0)
@@ -263,12 +288,20 @@ class ClosingServer:
             if head.startswith(b"GET /health"):
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
             else:
+                time.sleep(self.hold_s)
                 length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                while len(body) < length:
-                    body += conn.recv(65536)
+                parts = [body]
+                received = len(body)
+                while received < length:  # bounded by the socket's timeout
+                    chunk = conn.recv(1 << 20)
+                    if not chunk:
+                        return
+                    parts.append(chunk)
+                    received += len(chunk)
+                stream = self._stream(len(json.loads(b"".join(parts))["prompt"]))
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                    b"content-length: %d\r\n\r\n" % len(self.BODY) + self.BODY
+                    b"content-length: %d\r\n\r\n" % len(stream) + stream
                 )
             time.sleep(self.linger_s)
 
