@@ -32,10 +32,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_request_trace import (
     Event,
-    StepParts,
+    Step,
     lone_decodes,
     read_events,
-    step_parts,
+    steps_of,
     unix_minus_monotonic,
 )
 
@@ -57,7 +57,7 @@ def run_dirs(results: Path) -> list[tuple[str, Path]]:
 
 
 def classify(
-    lone: Sequence[tuple[StepParts, dict[str, float]]], events: Sequence[Event]
+    lone: Sequence[tuple[Step, dict[str, float]]], events: Sequence[Event]
 ) -> list[dict[str, Any]]:
     """Each lone decode step with its parts (s), `outputs` (the API server's process_outputs
     time inside its cycle, a call across its start or end counted for its part inside) and
@@ -106,7 +106,7 @@ def main() -> int:
     args = parser.parse_args()
     events = read_events(args.trace)
     offset = unix_minus_monotonic(events)
-    rows = classify(lone_decodes(step_parts(events)), events)
+    rows = classify(lone_decodes(steps_of(events)), events)
     starts = [r["start"] for r in rows]
     runs = []
     for kind, folder in run_dirs(args.results):

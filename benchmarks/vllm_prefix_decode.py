@@ -52,7 +52,7 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_bench_peer import MODEL, TOKENIZER, VLLM_PYTHON, VllmServer, _free_port
-from vllm_request_trace import Event, client_id, lone_decodes, read_events, step_parts
+from vllm_request_trace import Event, client_id, lone_decodes, read_events, steps_of
 
 from servelab.workload import warmup_prompts
 
@@ -126,7 +126,7 @@ def decode_steps(events: Sequence[Event], known: set[str]) -> dict[str, list[dic
     (`lone_decodes`: one request and one token, followed by another step of the same request),
     each with the parts named in PARTS (seconds)."""
     out: dict[str, list[dict[str, float]]] = {}
-    for step, parts in lone_decodes(step_parts(events)):
+    for step, parts in lone_decodes(steps_of(events)):
         rid = client_id(step.batch[0].rid, known)
         if rid is not None:
             out.setdefault(rid, []).append(parts)

@@ -110,6 +110,9 @@ class Step:
     waiting: int = -1
     running: int = -1
     batch: tuple[Scheduled, ...] = ()
+    # Scheduler.update_from_output entered (None: a log without `ec_update_in`); between the
+    # schedule's return and this, the forward pass and sampling
+    update_in: float | None = None
 
 
 def read_events(trace_dir: Path) -> list[Event]:
@@ -159,56 +162,30 @@ def steps_of(events: Sequence[Event]) -> list[Step]:
             if len(e.fields) >= 7:  # the hook's queues and batch
                 open_step["waiting"], open_step["running"] = int(e.fields[4]), int(e.fields[5])
                 open_step["batch"] = tuple(_scheduled(x) for x in e.fields[6].split(",") if x)
+        elif e.kind == "ec_update_in" and open_step is not None:
+            open_step["update_in"] = e.t
         elif e.kind == "ec_stepend" and open_step is not None:
             steps.append(Step(end=e.t, **open_step))
             open_step = None
     return steps
 
 
-@dataclass(frozen=True)
-class StepParts:
-    """One engine step's marks (a log with `ec_update_in`): `Scheduler.schedule` entered and
-    returned, `update_from_output` entered and returned; between the second and the third, the
-    forward pass and sampling."""
-
-    start: float
-    scheduled: float
-    update_in: float
-    end: float
-    batch: tuple[Scheduled, ...]
-
-
-def step_parts(events: Sequence[Event]) -> list[StepParts]:
-    """The engine core's steps with their marks, from a log whose hook logs `ec_update_in`."""
-    steps: list[StepParts] = []
-    open_step: dict[str, Any] | None = None
-    for e in events:
-        if e.kind == "ec_sched":
-            batch = tuple(_scheduled(x) for x in e.fields[6].split(",") if x)
-            open_step = {"start": float(e.fields[0]), "scheduled": e.t, "batch": batch}
-        elif e.kind == "ec_update_in" and open_step is not None:
-            open_step["update_in"] = e.t
-        elif e.kind == "ec_stepend" and open_step is not None and "update_in" in open_step:
-            steps.append(StepParts(end=e.t, **open_step))
-            open_step = None
-    return steps
-
-
-def lone_decodes(steps: Sequence[StepParts]) -> list[tuple[StepParts, dict[str, float]]]:
+def lone_decodes(steps: Sequence[Step]) -> list[tuple[Step, dict[str, float]]]:
     """Each step whose batch is one request and one token and whose next step carries the same
     request (back to back: not its request's last), with its parts in seconds: `cycle` (its
     start to the next step's), `schedule`, `execute`, `update` and `between` (its end to the
-    next step's start)."""
+    next step's start). A step without `update_in` (a log from a hook without it) has no parts
+    and is left out."""
     out = []
     for step, after in itertools.pairwise(steps):
-        if len(step.batch) != 1 or step.batch[0].tokens != 1:
+        if step.update_in is None or len(step.batch) != 1 or step.batch[0].tokens != 1:
             continue
         if step.batch[0].rid not in {x.rid for x in after.batch}:
             continue
         parts = {
             "cycle": after.start - step.start,
-            "schedule": step.scheduled - step.start,
-            "execute": step.update_in - step.scheduled,
+            "schedule": step.schedule_s,
+            "execute": step.update_in - (step.start + step.schedule_s),
             "update": step.end - step.update_in,
             "between": after.start - step.end,
         }

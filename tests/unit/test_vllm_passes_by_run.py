@@ -53,7 +53,7 @@ def test_a_step_is_during_an_arrival_only_when_another_requests_front_end_runs_i
     None
 ):
     evs = events()
-    rows = bench.classify(trace.lone_decodes(trace.step_parts(evs)), evs)
+    rows = bench.classify(trace.lone_decodes(trace.steps_of(evs)), evs)
     # the last step is A's last: no cycle
     assert [r["arrival"] for r in rows] == [False, False, True]
     assert rows[0]["cycle"] == pytest.approx(0.006)
@@ -63,7 +63,7 @@ def test_a_step_is_during_an_arrival_only_when_another_requests_front_end_runs_i
     assert rows[2]["outputs"] == pytest.approx(0.001)
     own = [ev(1.0150, "fe_in", "cmpl-a-0"), ev(1.0160, "fe_send", A)]
     evs2 = sorted([e for e in evs if e.kind not in ("fe_in", "fe_send")] + own, key=lambda e: e.t)
-    rows2 = bench.classify(trace.lone_decodes(trace.step_parts(evs2)), evs2)
+    rows2 = bench.classify(trace.lone_decodes(trace.steps_of(evs2)), evs2)
     assert [r["arrival"] for r in rows2] == [False, False, False]
 
 

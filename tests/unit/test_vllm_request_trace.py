@@ -193,6 +193,27 @@ def test_the_hooks_batch_is_read_into_each_step() -> None:
     assert (second.waiting, second.batch) == (-1, ())
 
 
+def test_a_lone_decode_is_split_at_its_marks_and_a_step_without_them_is_left_out() -> None:
+    def decode(start_ms: float, context: int, update_in: bool = True) -> list[Any]:
+        batch = f"cmpl-a-0-aa:1:{context}:1024"
+        marks = [ev(start_ms + 0.2, "ec_sched", f"{start_ms / 1e3:.6f}", "", 1, 1, 0, 1, batch)]
+        if update_in:  # the forward pass ends 5 ms after the schedule returned
+            marks.append(ev(start_ms + 5.2, "ec_update_in"))
+        return [*marks, ev(start_ms + 5.5, "ec_stepend")]
+
+    events = [*decode(0.0, 1024), *decode(6.0, 1025, update_in=False), *decode(12.0, 1026)]
+    steps = trace.steps_of(events)
+    assert [s.update_in for s in steps] == [pytest.approx(0.0052), None, pytest.approx(0.0172)]
+    # the second has no marks, the third no step after it: only the first is split
+    ((step, parts),) = trace.lone_decodes(steps)
+    assert step is steps[0]
+    assert parts["cycle"] == pytest.approx(0.006)
+    assert parts["schedule"] == pytest.approx(0.0002)
+    assert parts["execute"] == pytest.approx(0.005)
+    assert parts["update"] == pytest.approx(0.0003)
+    assert parts["between"] == pytest.approx(0.0005)
+
+
 def test_a_step_is_featured_as_the_simulated_v1_prices_a_pass() -> None:
     # a decode at 1,100 tokens of context, a second 256-token chunk of a 1,024-token prompt,
     # and a new request's first chunk after a 512-token cached prefix
