@@ -26,10 +26,10 @@ move both engines alike over the same days. Last, for each day that keeps its fl
 (`sim_vs_real_floor_residuals-DAY.json`), each deployment's median witness beside its own floor's
 speed against the same fit (observed ÷ predicted gap, the geometric mean over its floor runs):
 whether the loaded runs' passes are slower against the fit than the floor's (docs/simulator.md,
-"A twenty-fourth measurement", prediction 6), with a sign test per engine; and where the day
+"A twenty-fourth measurement" and "A twenty-fifth measurement", prediction 6), with a sign test per engine; and where the day
 keeps `sim_vs_real_single_passes-DAY.json`, the same with its passes made alone in place of the
-witness. Without DAY, the eight
-days whose summaries have `iterations`, the seventeenth to the twenty-fourth.
+witness. Without DAY, the nine
+days whose summaries have `iterations`, the seventeenth to the twenty-fifth.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ WITNESS_DAYS = (
     "2026-12-07-twenty-second",
     "2026-12-07-twenty-third",
     "2026-12-07-twenty-fourth",
+    "2026-12-07-twenty-fifth",
 )
 TTFT_METRICS = ("ttft_p50", "ttft_p95")
 SINGLE = "1"  # the summary's bucket of passes that carried one request
