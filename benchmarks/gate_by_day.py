@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measurement_days import BRACKETED_DAYS
+
+from servelab.artifacts import write_json
+
 DATA = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "data"
-BRACKETED_DAYS = (
-    "2026-12-06-seventeenth-bar",  # the seventeenth read again once the quiet bar existed
-    "2026-12-06-eighteenth",
-    "2026-12-06-nineteenth",
-    "2026-12-06-twentieth",
-    "2026-12-07-twenty-first",
-    "2026-12-07-twenty-second",
-    "2026-12-07-twenty-third",
-    "2026-12-07-twenty-fourth",
-    "2026-12-07-twenty-fifth",
-)
+# the seventeenth was made before the quiet bar existed; its floors read again by the bar
+FLOOR_DRIFT_TAG = {"2026-12-06-seventeenth": "2026-12-06-seventeenth-bar"}
 
 
 def gate_row(tag: str, drift: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +75,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("tags", nargs="*", default=list(BRACKETED_DAYS))
+    parser.add_argument(
+        "tags", nargs="*", default=[FLOOR_DRIFT_TAG.get(d, d) for d in BRACKETED_DAYS]
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
@@ -91,10 +90,7 @@ def main() -> int:
     judged_days = sum(bool(r["judged"]) for r in rows)
     print(f"\n{judged_days} of {len(rows)} measurements judged at least one deployment")
     if args.json is not None:
-        record = {"measurements": rows, "judged_any": judged_days}
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", "utf-8")
-        tmp.replace(args.json)
+        write_json(args.json, {"measurements": rows, "judged_any": judged_days})
     return 0
 
 

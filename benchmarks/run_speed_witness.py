@@ -45,18 +45,11 @@ from typing import Any
 
 from scipy.stats import binomtest, fisher_exact, mannwhitneyu, spearmanr
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measurement_days import BRACKETED_DAYS
+
 DATA = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "data"
-WITNESS_DAYS = (
-    "2026-12-06-seventeenth",
-    "2026-12-06-eighteenth",
-    "2026-12-06-nineteenth",
-    "2026-12-06-twentieth",
-    "2026-12-07-twenty-first",
-    "2026-12-07-twenty-second",
-    "2026-12-07-twenty-third",
-    "2026-12-07-twenty-fourth",
-    "2026-12-07-twenty-fifth",
-)
+WITNESS_DAYS = BRACKETED_DAYS  # each keeps its summary's `iterations`
 TTFT_METRICS = ("ttft_p50", "ttft_p95")
 SINGLE = "1"  # the summary's bucket of passes that carried one request
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 from pathlib import Path
 from typing import Any
+
+from servelab.artifacts import write_json
 
 STEAL_FIELD = 7  # of the values after the cpu name: user nice system idle iowait irq softirq steal
 USER_HZ = 100  # the tick of /proc/stat on Linux (proc(5): USER_HZ, 1/100 s on most architectures)
@@ -77,10 +78,7 @@ def main() -> int:
             f"{row['ticks']} ticks, {row['seconds']} s"
         )
     if args.json is not None:
-        record = {"samples": len(samples), "span_s": round(span, 1), "cpus": by_cpu}
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", "utf-8")
-        tmp.replace(args.json)
+        write_json(args.json, {"samples": len(samples), "span_s": round(span, 1), "cpus": by_cpu})
     return 0
 
 
