@@ -7,7 +7,8 @@ For each TAG, the kept `floor_drift-TAG.json` of docs/benchmarks/data (the workf
 results/sim_vs_real/floor_drift.json, or `benchmarks/floor_drift.py`'s on two makings): per
 deployment, whether its floors before and after its loaded runs agree within the band, whether
 its engine's floor is quiet, and so whether the gate judges it; and each engine's floor noise
-(ln sd of median TTFT and ITL) against the bar. Prints a Markdown table, one row a measurement.
+(ln sd of median TTFT and ITL) against the bar. Prints a Markdown table, one row a measurement,
+then the totals over them (`totals` in the JSON).
 Without TAG, the nine measurements made with the bracket, the seventeenth (as the quiet bar
 reads it) to the twenty-fifth.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,25 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the measurements: those that judged any deployment and all of theirs, the brackets
+    that agreed, the engine-days that were quiet, and each engine's median floor noise."""
+    engines = sorted({e for r in rows for e in r["noise"]})
+    return {
+        "measurements": len(rows),
+        "judged_any": sum(bool(r["judged"]) for r in rows),
+        "judged_all": sum(len(r["judged"]) == r["deployments"] for r in rows),
+        "brackets_agreeing": sum(len(r["agree"]) for r in rows),
+        "deployments": sum(r["deployments"] for r in rows),
+        "engine_days_quiet": sum(len(r["quiet_engines"]) for r in rows),
+        "engine_days": sum(len(r["noise"]) for r in rows),
+        "median_noise": {
+            e: round(statistics.median(r["noise"][e] for r in rows if e in r["noise"]), 4)
+            for e in engines
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -87,10 +108,15 @@ def main() -> int:
             raise SystemExit(f"measurement {tag}: no {path}")
         rows.append(gate_row(tag, json.loads(path.read_text("utf-8"))))
     print("\n".join(markdown(rows)))
-    judged_days = sum(bool(r["judged"]) for r in rows)
-    print(f"\n{judged_days} of {len(rows)} measurements judged at least one deployment")
+    t = totals(rows)
+    print(
+        f"\n{t['judged_any']} of {t['measurements']} measurements judged a deployment,"
+        f" {t['judged_all']} all of theirs; brackets agreeing {t['brackets_agreeing']} of"
+        f" {t['deployments']}; engine-days quiet {t['engine_days_quiet']} of {t['engine_days']};"
+        f" median floor noise " + ", ".join(f"{e} {v:.3f}" for e, v in t["median_noise"].items())
+    )
     if args.json is not None:
-        write_json(args.json, {"measurements": rows, "judged_any": judged_days})
+        write_json(args.json, {"measurements": rows, "totals": t})
     return 0
 
 

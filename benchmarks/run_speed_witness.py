@@ -26,10 +26,11 @@ move both engines alike over the same days. Last, for each day that keeps its fl
 (`sim_vs_real_floor_residuals-DAY.json`), each deployment's median witness beside its own floor's
 speed against the same fit (observed ÷ predicted gap, the geometric mean over its floor runs):
 whether the loaded runs' passes are slower against the fit than the floor's (docs/simulator.md,
-"A twenty-fourth measurement" and "A twenty-fifth measurement", prediction 6), with a sign test per engine; and where the day
-keeps `sim_vs_real_single_passes-DAY.json`, the same with its passes made alone in place of the
-witness. Without DAY, the nine
-days whose summaries have `iterations`, the seventeenth to the twenty-fifth.
+"A twenty-fourth measurement" and "A twenty-fifth measurement", prediction 6), with a sign test
+per engine; and where the day keeps `sim_vs_real_single_passes-DAY.json`, the same with its
+passes made alone in place of the witness. Without DAY, the nine days made with the bracketing
+floor (`measurement_days.py`), the seventeenth to the twenty-fifth; each one's summary has
+`iterations`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measurement_days import BRACKETED_DAYS
 
 DATA = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "data"
-WITNESS_DAYS = BRACKETED_DAYS  # each keeps its summary's `iterations`
 TTFT_METRICS = ("ttft_p50", "ttft_p95")
 SINGLE = "1"  # the summary's bucket of passes that carried one request
 
@@ -272,7 +272,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("days", nargs="*", default=list(WITNESS_DAYS))
+    parser.add_argument("days", nargs="*", default=list(BRACKETED_DAYS))
     parser.add_argument("--band", type=float, default=0.10)
     parser.add_argument("--min-passes", type=int, default=20)
     parser.add_argument("--json", type=Path)

@@ -53,7 +53,11 @@ def test_the_table_has_a_row_a_measurement(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("sys.argv", ["gate_by_day.py", "a", "b", "--json", str(out)])
     assert bench.main() == 0
     record = json.loads(out.read_text("utf-8"))
-    assert record["judged_any"] == 1
+    t = record["totals"]
+    assert (t["measurements"], t["judged_any"], t["judged_all"]) == (2, 1, 0)
+    assert (t["brackets_agreeing"], t["deployments"]) == (4, 8)
+    assert (t["engine_days_quiet"], t["engine_days"]) == (2, 4)
+    assert t["median_noise"] == {"llamacpp": 0.09, "vllm_v1": 0.041}
     lines = bench.markdown(record["measurements"])
     assert lines[2] == "| a | 2 of 4 | 1 of 2 | vllm_v1/defaults | 0.090 | 0.041 |"
     assert lines[3].startswith("| b | 2 of 4 | 1 of 2 | none |")
