@@ -14,4 +14,5 @@ BRACKETED_DAYS = (
     "2026-12-07-twenty-third",
     "2026-12-07-twenty-fourth",
     "2026-12-07-twenty-fifth",
+    "2026-12-07-twenty-sixth",
 )
