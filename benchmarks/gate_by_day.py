@@ -9,8 +9,8 @@ deployment, whether its floors before and after its loaded runs agree within the
 its engine's floor is quiet, and so whether the gate judges it; and each engine's floor noise
 (ln sd of median TTFT and ITL) against the bar. Prints a Markdown table, one row a measurement,
 then the totals over them (`totals` in the JSON).
-Without TAG, the nine measurements made with the bracket, the seventeenth (as the quiet bar
-reads it) to the twenty-fifth.
+Without TAG, the measurements made with the bracket (`measurement_days.py`), the seventeenth
+as the quiet bar reads it.
 """
 
 from __future__ import annotations

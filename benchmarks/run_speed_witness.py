@@ -28,9 +28,8 @@ speed against the same fit (observed ÷ predicted gap, the geometric mean over i
 whether the loaded runs' passes are slower against the fit than the floor's (docs/simulator.md,
 "A twenty-fourth measurement" and "A twenty-fifth measurement", prediction 6), with a sign test
 per engine; and where the day keeps `sim_vs_real_single_passes-DAY.json`, the same with its
-passes made alone in place of the witness. Without DAY, the nine days made with the bracketing
-floor (`measurement_days.py`), the seventeenth to the twenty-fifth; each one's summary has
-`iterations`.
+passes made alone in place of the witness. Without DAY, the days made with the bracketing floor
+(`measurement_days.py`); each one's summary has `iterations`.
 """
 
 from __future__ import annotations
